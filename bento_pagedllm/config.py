@@ -1,0 +1,267 @@
+"""Typed engine configuration: plain dataclasses, validated once in ``__post_init__``.
+
+`EngineArgs` is what a user fills in; `EngineArgs.create_configs()` resolves it (reading the model's own
+config) into the frozen configs that each room of the engine reads: `ModelConfig`, `CacheConfig`,
+`SchedulerConfig` and `DeviceConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """Map a user-facing dtype name to a torch dtype; reject anything else early."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise ValueError(f"unsupported dtype {dtype}")
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; choose one of {sorted(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama-3 style frequency scaling (`rope_type: llama3` in transformers' config)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture of a Llama-family model, as transformers' `LlamaConfig` defines it."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    tie_word_embeddings: bool = False
+    head_dim: int | None = None
+    bos_token_id: int | None = 1
+    eos_token_id: tuple[int, ...] = (2,)
+    architecture: str = "LlamaForCausalLM"
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.head_dim % 2:
+            raise ValueError("head_dim must be even for rotary embeddings")
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    def num_parameters(self) -> int:
+        """Parameter count (tied embeddings counted once)."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        per_layer = h * (self.q_size + 2 * self.kv_size) + self.q_size * h + 3 * h * i + 2 * h
+        embed = v * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_hidden_layers * per_layer + embed + h
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelConfig":
+        """Build from a transformers `config.json` dict (Llama, Mistral-without-sliding-window, SmolLM2...)."""
+        rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+        rope_theta = cfg.get("rope_theta")
+        scaling = None
+        if isinstance(rope, dict):
+            rope_theta = rope_theta or rope.get("rope_theta")
+            rope_type = rope.get("rope_type", rope.get("type", "default"))
+            if rope_type == "llama3":
+                scaling = RopeScaling(
+                    factor=float(rope["factor"]),
+                    low_freq_factor=float(rope["low_freq_factor"]),
+                    high_freq_factor=float(rope["high_freq_factor"]),
+                    original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+                )
+            elif rope_type not in ("default", None):
+                raise ValueError(f"unsupported rope_scaling type {rope_type!r}")
+        eos = cfg.get("eos_token_id", 2)
+        eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+        archs = cfg.get("architectures") or ["LlamaForCausalLM"]
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta or 10000.0),
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            head_dim=cfg.get("head_dim"),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=eos_ids,
+            architecture=archs[0],
+        )
+
+    def to_hf_config(self) -> dict[str, Any]:
+        """The transformers `config.json` for this architecture (used when saving converted models)."""
+        cfg: dict[str, Any] = {
+            "architectures": [self.architecture],
+            "model_type": "llama",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id) if len(self.eos_token_id) != 1 else self.eos_token_id[0],
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+        }
+        if self.rope_scaling is not None:
+            cfg["rope_scaling"] = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+        return cfg
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache: block size and how much memory the pool may take.
+
+    NOTE: `num_blocks`, when set, overrides the memory budget (tests use it to force preemption).
+    """
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_bytes: int = 1 << 30
+    num_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a positive power of two")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.num_blocks is not None and self.num_blocks <= 0:
+            raise ValueError("num_blocks must be positive")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching limits: tokens computed per step, sequences running at once, context length."""
+
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_model_len: int = 2048
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0 or self.max_model_len <= 0:
+            raise ValueError("scheduler limits must be positive")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    device: torch.device
+    dtype: torch.dtype
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EngineConfigs:
+    model: ModelConfig
+    cache: CacheConfig
+    scheduler: SchedulerConfig
+    device: DeviceConfig
+    model_path: str
+    load_format: str
+
+
+@dataclass
+class EngineArgs:
+    """Everything a user can set, with defaults that suit the device.
+
+    `model` is a transformers-format directory, a `.gguf` file, or a BentoML model tag. With
+    `load_format="dummy"` only the config is read and the weights are random (benchmarks).
+    """
+
+    model: str
+    dtype: str = "auto"
+    device: str = "auto"
+    load_format: str = "auto"
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_bytes: int = 1 << 30
+    num_kv_blocks: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    seed: int = 0
+    hf_config_overrides: dict[str, Any] = field(default_factory=dict)
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return parse_dtype(self.dtype)
+
+    def create_configs(self, model_config: ModelConfig, model_path: str) -> EngineConfigs:
+        if self.load_format not in ("auto", "dummy", "hf", "gguf"):
+            raise ValueError(f"unknown load_format {self.load_format!r}")
+        device = self.resolve_device()
+        max_model_len = self.max_model_len or model_config.max_position_embeddings
+        if max_model_len > model_config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {max_model_len} exceeds the model's {model_config.max_position_embeddings}"
+            )
+        batched = self.max_num_batched_tokens or max(2048, min(max_model_len, 8192))
+        return EngineConfigs(
+            model=model_config,
+            cache=CacheConfig(
+                block_size=self.block_size,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                cpu_kv_cache_bytes=self.cpu_kv_cache_bytes,
+                num_blocks=self.num_kv_blocks,
+            ),
+            scheduler=SchedulerConfig(
+                max_num_batched_tokens=batched,
+                max_num_seqs=self.max_num_seqs,
+                max_model_len=max_model_len,
+            ),
+            device=DeviceConfig(device=device, dtype=self.resolve_dtype(device), seed=self.seed),
+            model_path=model_path,
+            load_format=self.load_format,
+        )

@@ -1,0 +1,82 @@
+"""SamplingParams: what a request asks of the sampler and of the stop logic. Validated once, here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings, named as vLLM and OpenAI name them.
+
+    `temperature == 0` means greedy. `top_k <= 0` (or -1) and `top_p == 1` and `min_p == 0` disable those
+    filters. `repetition_penalty` (1 = off) applies to prompt and output tokens as in transformers;
+    `presence_penalty` and `frequency_penalty` (0 = off) apply to output tokens as in OpenAI's API.
+    `logprobs=k` returns the chosen token's log-probability plus the top k alternatives (k may be 0).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+    skip_special_tokens: bool = True
+
+    MAX_LOGPROBS = 20
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k is None or self.top_k == 0:
+            self.top_k = -1
+        checks = [
+            (self.n >= 1, "n must be at least 1"),
+            (self.temperature >= 0.0, "temperature must be non-negative"),
+            (0.0 < self.top_p <= 1.0, "top_p must be in (0, 1]"),
+            (self.top_k == -1 or self.top_k >= 1, "top_k must be -1 (disabled) or at least 1"),
+            (0.0 <= self.min_p <= 1.0, "min_p must be in [0, 1]"),
+            (self.repetition_penalty > 0.0, "repetition_penalty must be positive"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (self.min_tokens >= 0, "min_tokens must be non-negative"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= self.MAX_LOGPROBS,
+                f"logprobs must be in [0, {self.MAX_LOGPROBS}]",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        for value in (self.temperature, self.top_p, self.min_p, self.repetition_penalty,
+                      self.presence_penalty, self.frequency_penalty):
+            if value != value:  # NaN
+                raise ValueError("sampling parameters must not be NaN")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        return (
+            self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        )
+
+    @property
+    def stop_strings(self) -> list[str]:
+        assert isinstance(self.stop, list)
+        return self.stop

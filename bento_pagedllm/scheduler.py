@@ -1,0 +1,245 @@
+"""The scheduler: which sequences run this step and how many of their tokens (continuous batching).
+
+There are no prefill and decode phases. Each sequence has `num_tokens` and `num_computed_tokens`; each
+step spends a token budget (`max_num_batched_tokens`) so that computed catches up with total, oldest
+requests first (FCFS). A long prompt therefore spreads over several steps (chunked prefill) while the
+running decodes keep going. When the KV pool runs dry the newest running sequence is preempted: its
+blocks are freed and it is recomputed later from its tokens (which it keeps). The result is a frozen
+`StepPlan`, the only thing the model runner reads.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from dataclasses import dataclass
+
+from .block_manager import BlockManager
+from .config import SchedulerConfig
+from .sampling_params import SamplingParams
+from .sequence import Request, Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    """Tokens of one sequence to compute this step: positions start_pos .. start_pos + len(token_ids)."""
+
+    seq_id: int
+    token_ids: tuple[int, ...]
+    start_pos: int
+    block_table: tuple[int, ...]
+    compute_logits: bool
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """One token to sample, from row `logits_index` of the step's logits (one row per sequence whose
+    `compute_logits` is set, in plan order).
+
+    NOTE: after a fork several rows share one `logits_index`: the n choices of a prompt sample from the
+    prompt's one set of logits, each with its own random stream.
+    """
+
+    seq_id: int
+    logits_index: int
+    params: SamplingParams
+    rng_seed: int
+    output_position: int
+    prompt_token_ids: tuple[int, ...] = ()
+    output_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    seqs: tuple[ScheduledSequence, ...]
+    sampling_rows: tuple[SamplingRow, ...]
+    block_copies: tuple[tuple[int, int], ...]
+    num_batched_tokens: int
+    num_preempted: int
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, rng_seed_for_child) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # NOTE: kept sorted by arrival (Sequence.sort_key)
+        self._rng_seed_for_child = rng_seed_for_child
+        self.seqs_by_id: dict[int, Sequence] = {}  # every unfinished sequence
+        self.num_preemptions_total = 0
+
+    # ---- queue changes -------------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        seq = request.seqs[0]
+        self.seqs_by_id[seq.seq_id] = seq
+        self.waiting.append(seq)
+
+    def finish_sequence(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
+        """NOTE: every way a sequence ends (finished, stopped, aborted, failed) comes through here."""
+        if seq.is_finished:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        del self.seqs_by_id[seq.seq_id]
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
+
+    def finish_request(self, request: Request, reason: str) -> None:
+        for seq in request.seqs:
+            self.finish_sequence(seq, reason)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # ---- one step --------------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[Sequence, int]] = []
+        copies: list[tuple[int, int]] = []
+        num_preempted = 0
+
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            seq_copies, preempted = self._allocate_or_preempt(seq, num_new)
+            num_preempted += preempted
+            if seq_copies is None:
+                break  # `seq` itself was preempted; everything after it already was too
+            copies += seq_copies
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            index += 1
+
+        # NOTE: no admissions in a step that had to preempt: memory is short, and FCFS says the
+        # preempted (older) sequences go first.
+        while self.waiting and budget > 0 and num_preempted == 0 and self._has_seat_for(self.waiting[0]):
+            seq = self.waiting[0]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            seq_copies = self.block_manager.allocate_slots(seq, num_new)
+            if seq_copies is None:
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            if seq.request.times.first_scheduled is None:
+                seq.request.times.first_scheduled = time.monotonic()
+            bisect.insort(self.running, seq, key=lambda s: s.sort_key)
+            copies += seq_copies
+            scheduled.append((seq, num_new))
+            budget -= num_new
+
+        return self._build_plan(scheduled, copies, num_preempted)
+
+    def _has_seat_for(self, seq: Sequence) -> bool:
+        seats = 1 if seq.request.is_forked else seq.request.params.n
+        return len(self.running) + seats <= self.config.max_num_seqs
+
+    def _allocate_or_preempt(self, seq: Sequence, num_new: int) -> tuple[list | None, int]:
+        """Allocate for `seq`, preempting the newest running sequences until it fits."""
+        num_preempted = 0
+        while True:
+            seq_copies = self.block_manager.allocate_slots(seq, num_new)
+            if seq_copies is not None:
+                return seq_copies, num_preempted
+            victim = self.running[-1]
+            self._preempt(victim)
+            num_preempted += 1
+            if victim is seq:
+                return None, num_preempted
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: drop the KV blocks, keep the tokens, requeue at the front (FCFS)."""
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions_total += 1
+        # NOTE: waiting stays in arrival order, so a preempted sequence goes before newer arrivals.
+        position = bisect.bisect_left([s.sort_key for s in self.waiting], seq.sort_key)
+        self.waiting.insert(position, seq)
+
+    def _build_plan(self, scheduled, copies, num_preempted) -> StepPlan:
+        seqs: list[ScheduledSequence] = []
+        rows: list[SamplingRow] = []
+        forked: list[Sequence] = []
+        num_logit_rows = 0
+        for seq, num_new in scheduled:
+            start = seq.num_computed_tokens
+            completes = start + num_new == seq.num_tokens
+            seqs.append(
+                ScheduledSequence(
+                    seq_id=seq.seq_id,
+                    token_ids=tuple(seq.token_ids[start : start + num_new]),
+                    start_pos=start,
+                    block_table=tuple(seq.block_table),
+                    compute_logits=completes,
+                )
+            )
+            if not completes:
+                continue
+            family = [seq]
+            if not seq.request.is_forked:
+                family += self._fork(seq, start + num_new)
+                forked += family[1:]
+            rows += [_sampling_row(member, num_logit_rows) for member in family]
+            num_logit_rows += 1
+        for child in forked:
+            bisect.insort(self.running, child, key=lambda s: s.sort_key)
+        return StepPlan(
+            seqs=tuple(seqs),
+            sampling_rows=tuple(rows),
+            block_copies=tuple(copies),
+            num_batched_tokens=sum(len(s.token_ids) for s in seqs),
+            num_preempted=num_preempted,
+        )
+
+    def _fork(self, parent: Sequence, num_computed_after_step: int) -> list[Sequence]:
+        """Create choices 1..n-1 of a request whose prompt completes this step; they share its blocks."""
+        request = parent.request
+        children = []
+        for index in range(1, request.params.n):
+            child = parent.fork(index, self._rng_seed_for_child(request, index))
+            child.status = SequenceStatus.RUNNING
+            self.block_manager.fork(parent, child)
+            child.num_computed_tokens = num_computed_after_step  # computed by the parent's step
+            request.seqs.append(child)
+            self.seqs_by_id[child.seq_id] = child
+            children.append(child)
+        return children
+
+    def update_computed(self, plan: StepPlan) -> None:
+        """After the model ran: the scheduled tokens are now in the cache."""
+        for scheduled in plan.seqs:
+            self.seqs_by_id[scheduled.seq_id].num_computed_tokens += len(scheduled.token_ids)
+
+
+def _sampling_row(seq: Sequence, logits_index: int) -> SamplingRow:
+    params = seq.request.params
+    penalties = params.uses_penalties
+    return SamplingRow(
+        seq_id=seq.seq_id,
+        logits_index=logits_index,
+        params=params,
+        rng_seed=seq.rng_seed,
+        output_position=seq.num_output_tokens,
+        prompt_token_ids=tuple(seq.token_ids[: seq.num_prompt_tokens]) if penalties else (),
+        output_token_ids=tuple(seq.output_token_ids) if penalties else (),
+    )

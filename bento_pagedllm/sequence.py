@@ -1,0 +1,149 @@
+"""Request and Sequence: the engine's bookkeeping for one prompt and each of its `n` choices.
+
+A `Sequence` owns its token ids (prompt + generated), its status, how many of its tokens already sit in
+the KV cache (`num_computed_tokens`) and its block table. It holds no tensors. The scheduler's only question
+about a sequence is "how many tokens are not yet computed?": the same question covers a fresh prompt,
+a chunked prefill, a decode step and a recompute after preemption.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from .sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The chosen token's log-probability and the top alternatives at that position."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+_seq_counter = itertools.count()
+
+
+class Sequence:
+    """One generated choice. `token_ids` is prompt followed by output; only the engine appends to it."""
+
+    def __init__(self, request: "Request", index: int, token_ids: list[int], rng_seed: int) -> None:
+        self.seq_id = next(_seq_counter)
+        self.request = request
+        self.index = index
+        self._token_ids = token_ids
+        self.num_prompt_tokens = request.num_prompt_tokens
+        self.num_computed_tokens = 0
+        self.block_table: list[int] = []
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+        self.rng_seed = rng_seed
+        self.cumulative_logprob = 0.0
+        self.logprobs: list[TokenLogprob] = []
+        self.num_preemptions = 0
+
+    # NOTE: the read-only views below are the only way other rooms see the tokens.
+    @property
+    def token_ids(self) -> list[int]:
+        return self._token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self._token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self._token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self._token_ids) - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        """Arrival order (FCFS): earlier requests first, then choice index."""
+        return (self.request.arrival_index, self.index)
+
+    def append_token(self, token: TokenLogprob) -> None:
+        self._token_ids.append(token.token_id)
+        self.cumulative_logprob += token.logprob
+        if self.request.params.logprobs is not None:
+            self.logprobs.append(token)
+
+    def fork(self, index: int, rng_seed: int) -> "Sequence":
+        """A new choice sharing this sequence's tokens so far (the caller shares the KV blocks)."""
+        child = Sequence(self.request, index, list(self._token_ids), rng_seed)
+        child.num_computed_tokens = self.num_computed_tokens
+        child.status = self.status
+        return child
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence(id={self.seq_id}, req={self.request.request_id}, idx={self.index}, "
+            f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, blocks={self.block_table})"
+        )
+
+
+_arrival_counter = itertools.count()
+
+
+@dataclass
+class RequestTimes:
+    arrival: float = field(default_factory=time.monotonic)
+    first_scheduled: float | None = None
+    first_token: float | None = None
+    finished: float | None = None
+
+
+class Request:
+    """A prompt with its sampling parameters and its `n` sequences (one until the prompt is computed).
+
+    NOTE: with n > 1 the prompt is computed once by the first sequence; when its last prompt token is
+    scheduled the scheduler forks the other choices, which share the prompt's KV blocks.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        rng_seed: int,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.params = params
+        self.arrival_index = next(_arrival_counter)
+        self.times = RequestTimes()
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.rng_seed = rng_seed
+        self.seqs: list[Sequence] = [Sequence(self, 0, list(self.prompt_token_ids), rng_seed)]
+        self.error: BaseException | None = None
+
+    @property
+    def is_forked(self) -> bool:
+        return len(self.seqs) == self.params.n
+
+    @property
+    def is_finished(self) -> bool:
+        return self.is_forked and all(s.is_finished for s in self.seqs)
