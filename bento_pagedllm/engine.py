@@ -1,0 +1,284 @@
+"""LLMEngine (one synchronous step at a time) and LLM, the offline batch interface.
+
+A step is: the scheduler plans, the model runner computes and samples, then the output processing here
+appends the tokens, detokenises, checks the stop conditions and builds the outputs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import random
+import time
+from collections.abc import Sequence as SequenceABC
+
+import torch
+
+from .block_manager import BlockManager
+from .config import EngineArgs, EngineConfigs
+from .loader import ModelSource, iter_weights, resolve_model
+from .model_runner import ModelRunner
+from .models.llama import LlamaForCausalLM
+from .outputs import CompletionOutput, RequestMetrics, RequestOutput
+from .sampler import mix_seed
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Request, Sequence, TokenLogprob
+from .tokenizer import IncrementalDetokenizer, apply_chat_template, encode_prompt, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+PromptType = str | list[int]
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve (too long, bad token ids...): rejected before scheduling."""
+
+
+def build_model(configs: EngineConfigs, source: ModelSource | None) -> LlamaForCausalLM:
+    """Create the model on its device in its dtype, then fill it with checkpoint or random weights."""
+    device, dtype = configs.device.device, configs.device.dtype
+    start = time.perf_counter()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(configs.model, max_positions=configs.scheduler.max_model_len)
+    finally:
+        torch.set_default_dtype(previous)
+    # NOTE: rotary tables stay float32 whatever the model dtype, as in transformers.
+    model.rotary.float()
+    if configs.load_format == "dummy" or source is None:
+        model.init_dummy_weights(configs.device.seed)
+    else:
+        model.load_weights(iter_weights(source))
+    model.eval()
+    logger.info("model ready in %.1f s", time.perf_counter() - start)
+    return model
+
+
+class LLMEngine:
+    def __init__(self, args: EngineArgs) -> None:
+        self.args = args
+        source = resolve_model(args.model)
+        self.configs = args.create_configs(source.config, source.path)
+        self.model_config = self.configs.model
+        self.tokenizer = load_tokenizer(source.tokenizer_dir) if source.tokenizer_dir else None
+        self.model = build_model(self.configs, source)
+        self.runner = ModelRunner(self.configs, self.model)
+        block_size = self.configs.cache.block_size
+        capacity = self.runner.num_blocks * block_size
+        if capacity < self.configs.scheduler.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens, fewer than max_model_len "
+                f"{self.configs.scheduler.max_model_len}: raise the memory budget or lower max_model_len"
+            )
+        self.block_manager = BlockManager(self.runner.num_blocks, block_size)
+        self.scheduler = Scheduler(self.configs.scheduler, self.block_manager, self._child_seed)
+        self.requests: dict[str, Request] = {}
+        self._detokenizers: dict[int, IncrementalDetokenizer] = {}
+        self._emitted: dict[int, int] = {}
+        self._rng = random.Random(args.seed)
+        self._request_counter = itertools.count()
+        self.last_plan = None
+        self.eos_token_ids = set(self.model_config.eos_token_id)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+
+    # ---- requests ------------------------------------------------------------------------------
+    def tokenize(self, prompt: PromptType) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer: give prompts as token ids")
+            return encode_prompt(self.tokenizer, prompt)
+        return list(prompt)
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer, so no chat template")
+        return apply_chat_template(self.tokenizer, messages)
+
+    def add_request(
+        self,
+        request_id: str | None,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        prompt_token_ids: list[int] | None = None,
+    ) -> Request:
+        params = params or SamplingParams()
+        request_id = request_id or f"req-{next(self._request_counter)}"
+        if request_id in self.requests:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        ids = prompt_token_ids if prompt_token_ids is not None else self.tokenize(prompt)
+        self.validate_prompt(ids, params)
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        request = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, mix_seed(seed, 0))
+        self.requests[request_id] = request
+        self.scheduler.add_request(request)
+        return request
+
+    def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        max_len = self.configs.scheduler.max_model_len
+        if not ids:
+            raise RequestError("the prompt is empty")
+        if len(ids) > max_len:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens, more than the maximum context length {max_len} "
+                f"(by {len(ids) - max_len})"
+            )
+        vocab = self.model_config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if params.stop_strings and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer")
+
+    def _child_seed(self, request: Request, index: int) -> int:
+        seed = request.params.seed if request.params.seed is not None else request.rng_seed
+        return mix_seed(seed, index)
+
+    def abort_request(self, request_id: str) -> bool:
+        """End a request now (client gone): its blocks are free when this returns."""
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return False
+        self.scheduler.finish_request(request, "abort")
+        self._forget(request)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- one step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        self.last_plan = plan  # read by metrics and tests
+        if plan.is_empty:
+            return []
+        sampled = self.runner.execute(plan)
+        self.scheduler.update_computed(plan)
+        touched: dict[str, Request] = {}
+        now = time.monotonic()
+        for row, token in zip(plan.sampling_rows, sampled):
+            seq = self.scheduler.seqs_by_id[row.seq_id]
+            self._append_token(seq, token)
+            touched[seq.request.request_id] = seq.request
+            if seq.request.times.first_token is None:
+                seq.request.times.first_token = now
+        return [self._make_output(request) for request in touched.values()]
+
+    def _append_token(self, seq: Sequence, token: TokenLogprob) -> None:
+        seq.append_token(token)
+        params = seq.request.params
+        reason, stop_reason = None, None
+        if token.token_id in self.eos_token_ids and not params.ignore_eos:
+            reason = "stop"
+        elif token.token_id in params.stop_token_ids:
+            reason, stop_reason = "stop", token.token_id
+        detok = self._detokenizer(seq)
+        if detok is not None and reason is None:
+            matched = detok.add_tokens([token.token_id])
+            if matched is not None:
+                reason, stop_reason = "stop", matched
+        if reason is None and (
+            (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens)
+            or seq.num_tokens >= self.configs.scheduler.max_model_len
+        ):
+            reason = "length"
+        if reason is not None:
+            self.scheduler.finish_sequence(seq, reason, stop_reason)
+
+    def _detokenizer(self, seq: Sequence) -> IncrementalDetokenizer | None:
+        if self.tokenizer is None:
+            return None
+        detok = self._detokenizers.get(seq.seq_id)
+        if detok is None:
+            params = seq.request.params
+            detok = IncrementalDetokenizer(
+                self.tokenizer,
+                skip_special_tokens=params.skip_special_tokens,
+                stop=params.stop_strings,
+                include_stop_str_in_output=params.include_stop_str_in_output,
+            )
+            self._detokenizers[seq.seq_id] = detok
+        return detok
+
+    def _make_output(self, request: Request) -> RequestOutput:
+        finished = request.is_finished
+        choices = []
+        for seq in request.seqs:
+            detok = self._detokenizers.get(seq.seq_id)
+            emitted = self._emitted.get(seq.seq_id, 0)
+            outputs = seq.output_token_ids
+            want_logprobs = request.params.logprobs is not None
+            # NOTE: the delta first: at the finish it flushes held-back text into output_text.
+            delta_text = detok.get_delta(seq.is_finished) if detok else ""
+            choices.append(
+                CompletionOutput(
+                    index=seq.index,
+                    text=detok.output_text if detok else "",
+                    token_ids=outputs,
+                    cumulative_logprob=seq.cumulative_logprob,
+                    logprobs=list(seq.logprobs) if want_logprobs else None,
+                    finish_reason=seq.finish_reason,
+                    stop_reason=seq.stop_reason,
+                    delta_text=delta_text,
+                    delta_token_ids=outputs[emitted:],
+                    delta_logprobs=seq.logprobs[emitted:] if want_logprobs else None,
+                )
+            )
+            self._emitted[seq.seq_id] = len(outputs)
+        times = request.times
+        if finished:
+            times.finished = time.monotonic()
+            self.requests.pop(request.request_id, None)
+            self._forget(request)
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=choices,
+            finished=finished,
+            metrics=RequestMetrics(
+                times.arrival, times.first_scheduled, times.first_token, times.finished,
+                sum(s.num_preemptions for s in request.seqs),
+            ),
+        )
+
+    def _forget(self, request: Request) -> None:
+        for seq in request.seqs:
+            self._detokenizers.pop(seq.seq_id, None)
+            self._emitted.pop(seq.seq_id, None)
+
+
+class LLM:
+    """Offline generation: give all prompts, get all outputs (in the same order)."""
+
+    def __init__(self, model: str, **kwargs) -> None:
+        self.engine = LLMEngine(EngineArgs(model=model, **kwargs))
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | SequenceABC[PromptType],
+        params: SamplingParams | SequenceABC[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params_list = list(params) if isinstance(params, SequenceABC) else [params] * len(prompts)
+        ids = [self.engine.add_request(None, p, sp).request_id for p, sp in zip(prompts, params_list)]
+        return self._run(ids)
+
+    def chat(self, conversations, params: SamplingParams | None = None) -> list[RequestOutput]:
+        """One conversation (a list of {"role", "content"} dicts) or a list of them."""
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]
+        prompts = [self.engine.chat_prompt_ids(c) for c in conversations]
+        return self.generate(prompts, params)
+
+    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in request_ids]

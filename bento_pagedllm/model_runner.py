@@ -1,0 +1,121 @@
+"""The model runner: turns a StepPlan into tensors, runs the model over the paged cache, samples.
+
+It owns the KV cache and the device; it makes no scheduling decisions. One call of `execute` is one
+engine step, whatever mix of prefill chunks, decodes and recomputes the plan holds.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .attention import AttentionMetadata
+from .config import EngineConfigs
+from .models.llama import LlamaForCausalLM
+from .sampler import SamplingBatch, sample
+from .scheduler import StepPlan
+from .sequence import TokenLogprob
+
+logger = logging.getLogger(__name__)
+
+
+def kv_block_bytes(configs: EngineConfigs) -> int:
+    """Bytes one KV block takes across all layers (keys and values)."""
+    m = configs.model
+    element = torch.empty((), dtype=configs.device.dtype).element_size()
+    return 2 * m.num_hidden_layers * configs.cache.block_size * m.num_key_value_heads * m.head_dim * element
+
+
+def num_kv_blocks(configs: EngineConfigs, profile_peak_bytes: int = 0) -> int:
+    """How many blocks fit the memory budget: a byte budget on the CPU, a share of the GPU's memory on CUDA."""
+    if configs.cache.num_blocks is not None:
+        return configs.cache.num_blocks
+    device = configs.device.device
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        used = total - free
+        budget = int(total * configs.cache.gpu_memory_utilization) - used - profile_peak_bytes
+    else:
+        budget = configs.cache.cpu_kv_cache_bytes
+    blocks = budget // kv_block_bytes(configs)
+    if blocks <= 0:
+        raise RuntimeError(f"no memory left for the KV cache (budget {budget} bytes)")
+    return int(blocks)
+
+
+class ModelRunner:
+    def __init__(self, configs: EngineConfigs, model: LlamaForCausalLM) -> None:
+        self.configs = configs
+        self.model = model
+        self.device = configs.device.device
+        self.block_size = configs.cache.block_size
+        self.num_blocks = num_kv_blocks(configs)
+        m = configs.model
+        # [layers, k/v, num_blocks, block_size, kv_heads, head_dim]
+        self.kv_cache = torch.zeros(
+            m.num_hidden_layers, 2, self.num_blocks, self.block_size, m.num_key_value_heads, m.head_dim,
+            dtype=configs.device.dtype, device=self.device,
+        )
+        self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(m.num_hidden_layers)]
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_blocks, self.block_size,
+                    self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> list[TokenLogprob]:
+        """Run one step; return the sampled token of each of the plan's sampling rows, in order."""
+        for src, dst in plan.block_copies:
+            self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
+        input_ids, positions, meta, logits_indices = self._prepare(plan)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+        if not plan.sampling_rows:
+            return []
+        logits = self.model.compute_logits(hidden[logits_indices])  # [num_logit_rows, vocab]
+        rows = plan.sampling_rows
+        if len(rows) != logits.shape[0]:  # forked choices share their prompt's logits row
+            logits = logits[torch.tensor([r.logits_index for r in rows], device=self.device)]
+        batch = SamplingBatch.from_rows(rows, self.configs.model.vocab_size, self.device)
+        return sample(logits, batch).to_host(rows)
+
+    def _prepare(self, plan: StepPlan):
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        logits_indices: list[int] = []
+        bs = self.block_size
+        for seq in plan.seqs:
+            n = len(seq.token_ids)
+            input_ids += seq.token_ids
+            span = range(seq.start_pos, seq.start_pos + n)
+            positions += span
+            table = seq.block_table
+            slots += [table[p // bs] * bs + p % bs for p in span]
+            query_lens.append(n)
+            seq_lens.append(seq.start_pos + n)
+            if seq.compute_logits:
+                logits_indices.append(len(input_ids) - 1)
+        max_blocks = max(len(s.block_table) for s in plan.seqs)
+        tables = [list(s.block_table) + [0] * (max_blocks - len(s.block_table)) for s in plan.seqs]
+        decode = [i for i, n in enumerate(query_lens) if n == 1]
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        dev = self.device
+
+        def tensor(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        meta = AttentionMetadata(
+            slot_mapping=tensor(slots, torch.int64),
+            query_start_loc=tensor(starts, torch.int32),
+            seq_lens=tensor(seq_lens, torch.int32),
+            block_tables=tensor(tables, torch.int32),
+            query_lens_host=tuple(query_lens),
+            seq_lens_host=tuple(seq_lens),
+            decode_indices=tensor(decode, torch.int64),
+            decode_token_indices=tensor([starts[i] for i in decode], torch.int64),
+            decode_indices_host=tuple(decode),
+        )
+        return tensor(input_ids, torch.int64), tensor(positions, torch.int64), meta, tensor(logits_indices, torch.int64)

