@@ -114,8 +114,12 @@ class TorchAttentionBackend:
     ) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         write_kv_cache_ref(k, v, k_cache, v_cache, meta.slot_mapping)
+        num_decodes = len(meta.decode_indices_host)
+        if num_decodes == meta.num_seqs:  # the steady state: every sequence decodes one token
+            return paged_attention_ref(
+                q[:, None], k_cache, v_cache, meta.block_tables, list(meta.seq_lens_host), [1] * num_decodes, scale
+            )[:, 0]
         out = torch.empty_like(q)
-        num_decodes = meta.decode_indices.numel()
         if num_decodes:
             tokens = meta.decode_token_indices
             decode_seq_lens = [meta.seq_lens_host[i] for i in meta.decode_indices_host]

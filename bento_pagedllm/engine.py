@@ -52,6 +52,8 @@ def build_model(configs: EngineConfigs, source: ModelSource | None) -> LlamaForC
         model.init_dummy_weights(configs.device.seed)
     else:
         model.load_weights(iter_weights(source))
+    if device.type == "cpu":
+        model.prepare_for_cpu()
     model.eval()
     logger.info("model ready in %.1f s", time.perf_counter() - start)
     return model

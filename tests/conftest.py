@@ -12,7 +12,14 @@ import shutil
 import pytest
 import torch
 
-SMOLLM2_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+@pytest.fixture(scope="session", autouse=True)
+def bento_cache(tmp_path_factory):
+    """A private `$BENTO_PAGEDLLM_CACHE` so tests neither read nor pollute the user's cache."""
+    root = tmp_path_factory.mktemp("bento_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BENTO_PAGEDLLM_CACHE", str(root))
+        yield root
 
 
 @pytest.fixture(scope="session")

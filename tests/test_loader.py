@@ -56,32 +56,12 @@ def _one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="session")
-def bento_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A private `$BENTO_PAGEDLLM_CACHE` so tests neither read nor pollute the user's cache."""
-    root = tmp_path_factory.mktemp("bento_cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("BENTO_PAGEDLLM_CACHE", str(root))
-        yield root
-
-
-@pytest.fixture(scope="session")
-def smollm2_gguf() -> str:
-    return default_model_path()
-
-
-@pytest.fixture(scope="session")
-def smollm2_hf_dir(smollm2_gguf: str, bento_cache: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """SmolLM2-135M-Instruct converted from the bundled GGUF to a transformers directory, once a session."""
-    return convert_gguf_to_hf(smollm2_gguf, str(tmp_path_factory.mktemp("smollm2") / "hf"))
-
-
 @pytest.fixture(scope="module")
-def reference_model(smollm2_gguf: str) -> torch.nn.Module:
+def reference_model(smollm2_gguf_path: str) -> torch.nn.Module:
     """transformers' own GGUF loader: the independent reference for names, layouts and values."""
     from transformers import AutoModelForCausalLM
 
-    folder, name = os.path.split(smollm2_gguf)
+    folder, name = os.path.split(smollm2_gguf_path)
     return AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
 
 
@@ -118,18 +98,18 @@ def test_unpermute_inverts_llama_cpp_permute(n_head: int, n_head_kv: int, with_i
 # ---- SmolLM2 GGUF against transformers' GGUF loader ------------------------------------------------------
 
 
-def test_gguf_config_smollm2(smollm2_gguf: str) -> None:
-    c = read_gguf_config(smollm2_gguf)
+def test_gguf_config_smollm2(smollm2_gguf_path: str) -> None:
+    c = read_gguf_config(smollm2_gguf_path)
     assert (c.num_hidden_layers, c.hidden_size, c.vocab_size) == (30, 576, 49152)
     assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size) == (9, 3, 64, 1536)
     assert c.rms_norm_eps == 1e-5 and c.rope_theta == 100000.0 and c.rope_scaling is None
     assert c.tie_word_embeddings and c.bos_token_id == 1 and c.eos_token_id == (2,)
 
 
-def test_gguf_weights_match_transformers(smollm2_gguf: str, reference_model: torch.nn.Module) -> None:
+def test_gguf_weights_match_transformers(smollm2_gguf_path: str, reference_model: torch.nn.Module) -> None:
     reference = reference_model.state_dict()
     seen = set()
-    for name, weight in iter_gguf_weights(smollm2_gguf, progress=False):
+    for name, weight in iter_gguf_weights(smollm2_gguf_path, progress=False):
         assert name in reference, name
         assert weight.dtype == torch.float32
         assert weight.shape == reference[name].shape, name
@@ -311,10 +291,10 @@ def test_converted_dir_loads_in_transformers(smollm2_hf_dir: str, converted_mode
     assert "lm_head.weight" not in dict(iter_hf_weights(smollm2_hf_dir))
 
 
-def test_converted_tokenizer_matches_gguf(smollm2_gguf: str, smollm2_hf_dir: str) -> None:
+def test_converted_tokenizer_matches_gguf(smollm2_gguf_path: str, smollm2_hf_dir: str) -> None:
     from transformers import AutoTokenizer
 
-    folder, name = os.path.split(smollm2_gguf)
+    folder, name = os.path.split(smollm2_gguf_path)
     reference = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     converted = AutoTokenizer.from_pretrained(smollm2_hf_dir)
     assert converted(PROMPT).input_ids == reference(PROMPT).input_ids
@@ -325,8 +305,8 @@ def test_converted_tokenizer_matches_gguf(smollm2_gguf: str, smollm2_hf_dir: str
     )
 
 
-def test_converted_config_matches_gguf(smollm2_gguf: str, smollm2_hf_dir: str) -> None:
-    hf, gg = read_hf_config(smollm2_hf_dir), read_gguf_config(smollm2_gguf)
+def test_converted_config_matches_gguf(smollm2_gguf_path: str, smollm2_hf_dir: str) -> None:
+    hf, gg = read_hf_config(smollm2_hf_dir), read_gguf_config(smollm2_gguf_path)
     fields = (
         "hidden_size",
         "num_hidden_layers",
@@ -354,10 +334,10 @@ def test_converted_logits_match_reference(
     )
 
 
-def test_convert_refuses_to_clobber(smollm2_gguf: str, tmp_path: Path) -> None:
+def test_convert_refuses_to_clobber(smollm2_gguf_path: str, tmp_path: Path) -> None:
     (tmp_path / "keep.txt").write_text("precious")
     with pytest.raises(FileExistsError):
-        convert_gguf_to_hf(smollm2_gguf, str(tmp_path))
+        convert_gguf_to_hf(smollm2_gguf_path, str(tmp_path))
     assert (tmp_path / "keep.txt").read_text() == "precious"
 
 
@@ -369,10 +349,10 @@ def test_convert_without_tokenizer_fails_cleanly(tmp_path: Path, bento_cache: Pa
     assert os.listdir(tmp_path) == ["tiny.gguf"]
 
 
-def test_gguf_tokenizer_dir_is_cached(smollm2_gguf: str, smollm2_hf_dir: str, bento_cache: Path) -> None:
-    first = gguf_tokenizer_dir(smollm2_gguf)  # filled by the conversion fixture
+def test_gguf_tokenizer_dir_is_cached(smollm2_gguf_path: str, smollm2_hf_dir: str, bento_cache: Path) -> None:
+    first = gguf_tokenizer_dir(smollm2_gguf_path)  # filled by the conversion fixture
     assert Path(first).parent == bento_cache / "tokenizers"
-    assert gguf_tokenizer_dir(smollm2_gguf) == first
+    assert gguf_tokenizer_dir(smollm2_gguf_path) == first
     assert os.path.isfile(os.path.join(first, "tokenizer.json"))
 
 
@@ -417,13 +397,13 @@ def test_resolve_hf_dir(smollm2_hf_dir: str) -> None:
     assert len(list(iter_weights(source))) == 272
 
 
-def test_resolve_gguf_and_default(smollm2_gguf: str, smollm2_hf_dir: str) -> None:
-    source = resolve_model(smollm2_gguf)
-    assert (source.path, source.format) == (smollm2_gguf, "gguf")
-    assert source.config == read_gguf_config(smollm2_gguf)
+def test_resolve_gguf_and_default(smollm2_gguf_path: str, smollm2_hf_dir: str) -> None:
+    source = resolve_model(smollm2_gguf_path)
+    assert (source.path, source.format) == (smollm2_gguf_path, "gguf")
+    assert source.config == read_gguf_config(smollm2_gguf_path)
     assert source.tokenizer_dir and os.path.isfile(os.path.join(source.tokenizer_dir, "tokenizer.json"))
     assert resolve_model("default") == source
-    assert os.path.basename(smollm2_gguf) == DEFAULT_MODEL_FILE
+    assert os.path.basename(smollm2_gguf_path) == DEFAULT_MODEL_FILE
 
 
 @pytest.mark.parametrize("model", ["no-such-model-xyz", "no-such:v1", "/no/such/dir/model.gguf", "./nope/"])

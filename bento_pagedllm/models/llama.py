@@ -16,6 +16,7 @@ from torch import nn
 
 from ..attention import AttentionMetadata, TorchAttentionBackend
 from ..config import ModelConfig
+from .cpu_linear import CpuLinear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -54,11 +55,14 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        # q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]
-        cos = self.cos[positions].to(q.dtype)[:, None, :]  # [num_tokens, 1, head_dim]
-        sin = self.sin[positions].to(q.dtype)[:, None, :]
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for a step's positions, [num_tokens, 1, head_dim]; looked up once per step."""
+        return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    # q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -83,7 +87,7 @@ class LlamaDecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(h, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, h, bias=False)
 
-    def forward(self, positions, hidden, kv_cache, meta: AttentionMetadata, rotary: RotaryEmbedding, backend):
+    def forward(self, hidden, rotary_tables, kv_cache, meta: AttentionMetadata, backend):
         num_tokens = hidden.shape[0]
         residual = hidden  # [num_tokens, hidden]
         hidden = rms_norm(hidden, self.input_layernorm, self.eps)
@@ -91,7 +95,7 @@ class LlamaDecoderLayer(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *rotary_tables)
         attn = backend.forward(q, k, v, kv_cache, meta, self.scale)  # [num_tokens, num_heads, head_dim]
         hidden = residual + self.o_proj(attn.reshape(num_tokens, self.q_size))
         residual = hidden
@@ -128,6 +132,7 @@ class LlamaForCausalLM(nn.Module):
             torch.empty(config.vocab_size, config.hidden_size)
         )
         self.rotary = RotaryEmbedding(config, max_positions)
+        self.cpu_lm_head: CpuLinear | None = None
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -141,13 +146,16 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
+        rotary_tables = self.rotary.tables(positions, hidden.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(positions, hidden, kv_cache, meta, self.rotary, self.backend)
+            hidden = layer(hidden, rotary_tables, kv_cache, meta, self.backend)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [num_rows, hidden] (already only the rows that need logits) -> [num_rows, vocab]."""
         hidden = rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+        if self.cpu_lm_head is not None:
+            return self.cpu_lm_head(hidden)
         return nn.functional.linear(hidden, self.lm_head_weight)
 
     # ---- weights -------------------------------------------------------------------------------
@@ -198,6 +206,16 @@ class LlamaForCausalLM(nn.Module):
         if suffix in _RENAMED:
             return f"layers.{index}.{_RENAMED[suffix]}", None
         return None, None
+
+    @torch.no_grad()
+    def prepare_for_cpu(self) -> None:
+        """Swap the projections and the LM head for CpuLinear (see cpu_linear.py for the measurements)."""
+        for layer in self.layers:
+            for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+                setattr(layer, name, CpuLinear(getattr(layer, name).weight))
+        self.cpu_lm_head = CpuLinear(self.lm_head_weight)
+        if self.lm_head is not None:
+            self.lm_head = None  # NOTE: the CpuLinear copies serve; the row-major originals are freed
 
     @torch.no_grad()
     def init_dummy_weights(self, seed: int = 0) -> None:
