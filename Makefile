@@ -10,7 +10,10 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 TORCH_PIN := $(if $(HAS_GPU),,torch==2.13.0)
 PYTEST_ARGS ?=
 
-.PHONY: install test serve bench-cpu clean
+MODEL_NAME ?= smollm2-135m-instruct
+PORT ?= 3000
+
+.PHONY: install test serve import-default bento bench-cpu clean
 
 install: $(STAMP)
 
@@ -24,6 +27,16 @@ $(STAMP): pyproject.toml Makefile
 
 test: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The default model goes into BentoML's model store once (a no-op when it is there already).
+import-default: $(STAMP)
+	$(BIN)/pagedllm-import default --name $(MODEL_NAME) --if-missing
+
+serve: import-default
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/bentoml serve service:svc --port $(PORT)
+
+bento: import-default
+	PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/bentoml build
 
 bench-cpu: $(STAMP)
 	$(BIN)/python bench/cpu_decode.py

@@ -47,8 +47,11 @@ class _Stream:
 
 
 class AsyncLLMEngine:
-    def __init__(self, args: EngineArgs | None = None, *, engine: LLMEngine | None = None) -> None:
+    def __init__(self, args: EngineArgs | None = None, *, engine: LLMEngine | None = None, observer=None) -> None:
+        """`observer` (optional, e.g. `metrics.EngineMetrics`) is called on the engine thread:
+        `observe_step(engine, outputs)` after every step, `observe_abort(engine)` after every abort."""
         self.engine = engine if engine is not None else LLMEngine(args)  # type: ignore[arg-type]
+        self.observer = observer
         self.tokenizer = self.engine.tokenizer
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, _Stream] = {}  # NOTE: touched only by the engine thread
@@ -129,7 +132,10 @@ class AsyncLLMEngine:
                 if self._stopping.is_set():
                     break
                 if self.engine.has_unfinished_requests():
-                    self._deliver(self.engine.step())
+                    outputs = self.engine.step()
+                    self._deliver(outputs)
+                    if self.observer is not None:
+                        self.observer.observe_step(self.engine, outputs)
         except BaseException as error:  # noqa: BLE001 - the loop died: tell every waiting stream
             logger.exception("engine loop failed")
             self.dead_error = error
@@ -150,7 +156,8 @@ class AsyncLLMEngine:
                 self._add(command)
             elif isinstance(command, _Abort):
                 self._streams.pop(command.request_id, None)
-                self.engine.abort_request(command.request_id)
+                if self.engine.abort_request(command.request_id) and self.observer is not None:
+                    self.observer.observe_abort(self.engine)
 
     def _add(self, command: _Add) -> None:
         try:

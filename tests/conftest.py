@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 
 import pytest
 import torch
+
+# NOTE: before anything imports bentoml: an isolated model store for the whole session (and the servers it
+# starts), and a Prometheus directory so in-process /metrics works in BentoML's multiprocess mode.
+os.environ["BENTOML_HOME"] = tempfile.mkdtemp(prefix="pagedllm-bentoml-")
+os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="pagedllm-prom-"))
+os.environ["BENTOML_DO_NOT_TRACK"] = "True"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,11 +37,17 @@ def smollm2_gguf_path() -> str:
 
 
 @pytest.fixture(scope="session")
-def smollm2_hf_dir(tmp_path_factory, smollm2_gguf_path) -> str:
-    """SmolLM2-135M-Instruct as a transformers directory (float32 safetensors + tokenizer)."""
-    from bento_pagedllm.loader.gguf import convert_gguf_to_hf
+def smollm2_model(smollm2_gguf_path):
+    """The default model imported into the (session's) BentoML model store, as `make serve` does."""
+    from bento_pagedllm.loader.store import DEFAULT_MODEL_NAME, import_model
 
-    return convert_gguf_to_hf(smollm2_gguf_path, str(tmp_path_factory.mktemp("smollm2") / "model"))
+    return import_model("default", DEFAULT_MODEL_NAME)
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf_dir(smollm2_model) -> str:
+    """SmolLM2-135M-Instruct as a transformers directory (float32 safetensors + tokenizer)."""
+    return smollm2_model.path
 
 
 def save_tiny_llama(path, smollm2_hf_dir: str, **overrides) -> str:

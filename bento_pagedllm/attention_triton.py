@@ -1,0 +1,44 @@
+"""The GPU attention path: the same interface as TorchAttentionBackend, served by Triton kernels.
+
+Each layer writes the step's new K/V into the paged cache, then runs one attention launch over the whole
+varlen batch: the split-K decode kernel when every sequence decodes one token (the steady state), the
+prefill kernel otherwise (it takes mixed steps, decodes included, in a single launch).
+
+NOTE: nothing here synchronises with the device: launch sizes come from the metadata's host tuples,
+never from `.item()`/`.tolist()` on its tensors, so a step's layers queue up without stalls.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .attention import AttentionMetadata
+from .kernels.kv_cache import write_kv_cache
+from .kernels.paged_decode import choose_num_splits, paged_decode_attention
+from .kernels.paged_prefill import paged_prefill_attention
+
+
+class TritonAttentionBackend:
+    """Paged attention with Triton kernels (CUDA; the CPU only under TRITON_INTERPRET=1, for tests)."""
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        k_cache, v_cache = kv_cache
+        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
+        if len(meta.decode_indices_host) == meta.num_seqs:  # every sequence decodes one token
+            # NOTE: one query token per sequence, so the tokens are the sequences, in order
+            num_splits = choose_num_splits(max(meta.seq_lens_host), meta.num_seqs, k_cache.shape[2], q.device)
+            return paged_decode_attention(
+                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits=num_splits
+            )
+        return paged_prefill_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
+            max(meta.query_lens_host), scale,
+        )

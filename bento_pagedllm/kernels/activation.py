@@ -1,0 +1,41 @@
+"""SwiGLU's activation: silu(gate) * up over the fused gate/up projection's output.
+
+Numerics follow the eager model (`silu(gate) * up` in the input dtype): silu is computed in float32 and
+rounded, then the product is rounded, so the kernel reproduces torch's bits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)  # rounded, like torch
+    tl.store(out_ptr + row * stride_o + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: [num_tokens, 2 * intermediate] (gate then up) -> [num_tokens, intermediate]."""
+    num_tokens, width = x.shape
+    assert width % 2 == 0 and x.stride(-1) == 1
+    inter = width // 2
+    out = torch.empty(num_tokens, inter, dtype=x.dtype, device=x.device)
+    block = min(1024, triton.next_power_of_2(inter))
+    if num_tokens:
+        _silu_and_mul_kernel[(num_tokens, triton.cdiv(inter, block))](
+            x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4,
+        )
+    return out
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)  # [num_tokens, intermediate] each
+    return torch.nn.functional.silu(gate) * up

@@ -1,0 +1,77 @@
+"""The step both paged attention kernels repeat: fold one tile of cached keys/values into a softmax.
+
+A program of either kernel holds a block of query rows (decode: the query heads that share one KV head;
+prefill: a few tokens times those heads) and walks its context one tile of `BLOCK_N` token positions at
+a time. Each token's cache block is looked up in the sequence's block table, so a tile may span several
+cache blocks: any block size works, and the tile size is tuned apart from it.
+
+NOTE: scores are kept in base-2 units (`qk_scale` = softmax scale * log2(e)) so the exponentials are
+`exp2`, one instruction on the GPU; the running max `m` and sum `l` are in the same units.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision: exact products for float32 caches (tf32 would cost ~1e-3), else unused."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@triton.jit
+def attend_kv_tile(
+    acc, m_i, l_i,  # running output [M, HEAD_DIM] fp32, max [M] and sum [M] fp32
+    q,  # [M, HEAD_DIM], the program's query rows
+    q_pos,  # [M] int32, the last key position each row may see (its own position)
+    start, kv_end,  # the tile covers keys [start, start + BLOCK_N); keys >= kv_end do not exist
+    k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    qk_scale,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of the tile exists and every row sees it (no masks at all)
+    USE_DOT: tl.constexpr,  # tensor cores (M >= 16 rows) or a broadcast multiply-reduce (tiny M)
+    DOT_PRECISION: tl.constexpr,
+):
+    keys = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] token positions
+    dims = tl.arange(0, HEAD_DIM)
+    if MASKED:
+        key_valid = keys < kv_end
+        blocks = tl.load(table_ptr + keys // BLOCK_SIZE, mask=key_valid, other=0).to(tl.int64)
+    else:
+        blocks = tl.load(table_ptr + keys // BLOCK_SIZE).to(tl.int64)
+    offsets = keys % BLOCK_SIZE
+    k_rows = blocks * stride_kb + offsets * stride_kt + kv_head * stride_kh  # [BLOCK_N]
+    v_rows = blocks * stride_vb + offsets * stride_vt + kv_head * stride_vh
+    # NOTE: K is loaded transposed, [HEAD_DIM, BLOCK_N], so the scores are a plain q @ k.
+    if MASKED:
+        k = tl.load(k_cache_ptr + k_rows[None, :] + dims[:, None], mask=key_valid[None, :], other=0.0)
+        v = tl.load(v_cache_ptr + v_rows[:, None] + dims[None, :], mask=key_valid[:, None], other=0.0)
+    else:
+        k = tl.load(k_cache_ptr + k_rows[None, :] + dims[:, None])
+        v = tl.load(v_cache_ptr + v_rows[:, None] + dims[None, :])  # [BLOCK_N, HEAD_DIM]
+
+    if USE_DOT:
+        s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [M, BLOCK_N] fp32
+    else:
+        s = tl.sum(q.to(tl.float32)[:, :, None] * k.to(tl.float32)[None, :, :], axis=1)
+    s = s * qk_scale
+    if MASKED:
+        # NOTE: keys past kv_end are also past every valid row's position, so the causal test covers them.
+        s = tl.where(keys[None, :] <= q_pos[:, None], s, float("-inf"))
+
+    # NOTE: every row sees key 0 (its position is >= 0), and tiles run in key order, so m_new is finite
+    # from the first tile on: no -inf - -inf.
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)  # [M], rescales what was accumulated under the old max
+    p = tl.exp2(s - m_new[:, None])  # [M, BLOCK_N]
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if USE_DOT:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    else:
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+    return acc, m_new, l_i

@@ -1,0 +1,196 @@
+"""Paged decode attention: one new query token per sequence against its whole cached context.
+
+Decode reads the whole KV cache of the batch for a few FLOPs per byte, so the design is about bytes and
+occupancy (tuned for an H200: bf16, head_dim 128, block size 16, GQA 4):
+- one program serves one KV head and ALL the query heads that share it, so each K/V tile is read once
+  per KV head, not once per query head; the group's queries are the rows of one tl.dot, padded to 16
+  rows (the smallest MMA shape). Multi-head attention (group 1) would waste 15 of those 16 rows, so it
+  multiplies and reduces in registers instead.
+- the context is split across programs (flash-decoding), so that a small batch of long sequences still
+  fills the GPU's multiprocessors; each split leaves a partial (max, sum, unnormalised output) and a
+  second, small kernel combines them. With a single split the first kernel writes the output itself.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .attention_tile import LOG2E, attend_kv_tile, dot_precision
+
+# Smallest query group that goes through tl.dot (padded to 16 rows); smaller groups reduce in registers.
+MIN_GROUP_FOR_DOT = 2
+# A split should read at least this many tokens, or the combine step costs more than the split saves.
+MIN_TOKENS_PER_SPLIT = 256
+MAX_SPLITS = 64
+
+
+@functools.lru_cache(maxsize=None)
+def _num_multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # NOTE: an H200's count; on the CPU (Triton's interpreter) it only sizes the test grids
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(max_seq_len: int, num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
+    """Splits per sequence so the grid (seqs x KV heads x splits) covers ~2 waves of multiprocessors.
+
+    A large batch fills the GPU by itself (one split, no combine kernel); a few long contexts get split,
+    but never into pieces shorter than MIN_TOKENS_PER_SPLIT.
+    """
+    programs = num_seqs * num_kv_heads
+    wanted = triton.cdiv(2 * _num_multiprocessors(device), programs)
+    by_length = triton.cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)
+    return max(1, min(wanted, by_length, MAX_SPLITS))
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
+    qk_scale, num_splits, num_heads,
+    stride_qs, stride_qh,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    stride_bt, stride_os, stride_oh,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    # NOTE: each sequence is cut into num_splits pieces of whole tiles; the last pieces may be empty
+    # (they leave max -inf and sum 0, which the combine step weighs as nothing).
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N  # whole tiles need no mask
+
+    rows = tl.arange(0, GROUP_PAD)
+    dims = tl.arange(0, HEAD_DIM)
+    row_valid = rows < GROUP
+    heads = kv_head * GROUP + rows  # [GROUP_PAD]
+    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
+                mask=row_valid[:, None], other=0.0)  # [GROUP_PAD, HEAD_DIM]
+    q_pos = tl.zeros([GROUP_PAD], tl.int32) + end - 1  # every row sees the whole split
+
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for tile in range(start, full_end, BLOCK_N):
+        acc, m_i, l_i = attend_kv_tile(
+            acc, m_i, l_i, q, q_pos, tile, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, USE_DOT, DOT_PRECISION,
+        )
+    if full_end < end:  # the ragged last tile
+        acc, m_i, l_i = attend_kv_tile(
+            acc, m_i, l_i, q, q_pos, full_end, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
+            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, USE_DOT, DOT_PRECISION,
+        )
+
+    if SINGLE_SPLIT:
+        out = acc / l_i[:, None]
+        tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+    else:
+        # partials: [num_seqs, num_heads, num_splits(, HEAD_DIM)], contiguous
+        part = (seq * num_heads + heads) * num_splits + split  # [GROUP_PAD]
+        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_valid[:, None])
+        tl.store(part_max_ptr + part, m_i, mask=row_valid)
+        tl.store(part_sum_ptr + part, l_i, mask=row_valid)
+
+
+@triton.jit
+def _decode_combine_kernel(
+    part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr,
+    num_splits, num_heads, stride_os, stride_oh,
+    SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
+):
+    """out = sum_s exp2(m_s - M) * acc_s / sum_s exp2(m_s - M) * l_s, with M the max over splits."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, HEAD_DIM)
+    split_valid = splits < num_splits
+    part = (seq * num_heads + head) * num_splits + splits  # [SPLITS_PAD]
+    m = tl.load(part_max_ptr + part, mask=split_valid, other=float("-inf"))
+    l = tl.load(part_sum_ptr + part, mask=split_valid, other=0.0)
+    # NOTE: split 0 is never empty (seq_len >= 1), so m_max is finite; empty splits weigh 0.
+    m_max = tl.max(m, axis=0)
+    weight = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)  # [SPLITS_PAD]
+    acc = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=split_valid[:, None], other=0.0)
+    out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)  # [HEAD_DIM]
+    tl.store(out_ptr + seq * stride_os + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,  # [num_seqs, num_heads, head_dim], one query token per sequence
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the new token (>= 1)
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of each sequence's newest token over its whole paged context: [num_seqs, heads, head_dim].
+
+    num_splits=None derives the split count from the block tables' width (an upper bound on the longest
+    context that needs no device sync); callers that know the lengths on the host pass
+    `choose_num_splits(max(seq_lens), ...)`.
+    """
+    num_seqs, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    assert num_heads % num_kv_heads == 0, "query heads must be a multiple of KV heads"
+    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, "head_dim must be a power of two >= 16"
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert k_cache.stride() == v_cache.stride()
+    out = torch.empty(num_seqs, num_heads, head_dim, dtype=q.dtype, device=q.device)
+    if num_seqs == 0:
+        return out
+    if num_splits is None:
+        num_splits = choose_num_splits(block_tables.shape[1] * block_size, num_seqs, num_kv_heads, q.device)
+    group = num_heads // num_kv_heads
+    use_dot = group >= MIN_GROUP_FOR_DOT
+    group_pad = max(16, triton.next_power_of_2(group)) if use_dot else triton.next_power_of_2(group)
+    single = num_splits == 1
+    if single:  # NOTE: unused by the kernel, but it needs pointers
+        part_out = part_max = part_sum = out
+    else:
+        part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_max = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        part_sum = torch.empty_like(part_max)
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens,
+        out, part_out, part_max, part_sum,
+        scale * LOG2E, num_splits, num_heads,
+        q.stride(0), q.stride(1),
+        *k_cache.stride()[:3], *v_cache.stride()[:3],
+        block_tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_N=64 if head_dim <= 128 else 32, USE_DOT=use_dot, SINGLE_SPLIT=single,
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
+    )
+    if not single:
+        _decode_combine_kernel[(num_seqs, num_heads)](
+            part_out, part_max, part_sum, out, num_splits, num_heads, out.stride(0), out.stride(1),
+            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, num_warps=4,
+        )
+    return out
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """The same function in plain torch (float32 math): decode is prefill with one query per sequence."""
+    from .paged_prefill import paged_prefill_attention_ref
+
+    num_seqs = q.shape[0]
+    query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=q.device)
+    return paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, 1, scale)

@@ -1,0 +1,76 @@
+"""The engine's Prometheus metrics, registered through `bentoml.metrics` so they appear on /metrics.
+
+`EngineMetrics.observe_step` runs on the engine thread after every step (prometheus_client is
+thread-safe); it reads the scheduler's counts and the finished requests' timings.
+"""
+
+from __future__ import annotations
+
+from .engine import LLMEngine
+from .outputs import RequestOutput
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
+                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str) -> None:
+        from bentoml import metrics
+
+        labels = ["model_name"]
+        # NOTE: BentoML runs prometheus_client in multiprocess mode; gauges must say how to merge workers.
+        def gauge(name, doc):
+            return metrics.Gauge(name=name, documentation=doc, labelnames=labels,
+                                 multiprocess_mode="livemax").labels(model_name=model_name)
+
+        def counter(name, doc):
+            return metrics.Counter(name=name, documentation=doc, labelnames=labels).labels(model_name=model_name)
+
+        def histogram(name, doc):
+            return metrics.Histogram(name=name, documentation=doc, labelnames=labels,
+                                     buckets=_LATENCY_BUCKETS).labels(model_name=model_name)
+
+        self.requests_running = gauge("pagedllm_requests_running", "Sequences in the running batch")
+        self.requests_waiting = gauge("pagedllm_requests_waiting", "Sequences waiting to be scheduled")
+        self.requests_unfinished = gauge("pagedllm_requests_unfinished", "Requests the engine holds")
+        self.kv_blocks_used = gauge("pagedllm_kv_blocks_used", "KV cache blocks in use")
+        self.kv_blocks_total = gauge("pagedllm_kv_blocks_total", "KV cache blocks in the pool")
+        self.prompt_tokens = counter("pagedllm_prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("pagedllm_generation_tokens", "Tokens generated")
+        self.preemptions = counter("pagedllm_preemptions", "Sequences preempted for lack of KV blocks")
+        self.requests_finished = counter("pagedllm_requests_finished", "Requests finished (not aborted)")
+        self.requests_aborted = counter("pagedllm_requests_aborted", "Requests aborted (client gone, errors)")
+        self.time_to_first_token = histogram("pagedllm_time_to_first_token_seconds", "Time to first token")
+        self.time_per_output_token = histogram("pagedllm_time_per_output_token_seconds",
+                                               "Mean time per output token after the first, per request")
+
+    def observe_state(self, engine: LLMEngine) -> None:
+        scheduler, blocks = engine.scheduler, engine.block_manager
+        self.requests_running.set(scheduler.num_running)
+        self.requests_waiting.set(scheduler.num_waiting)
+        self.requests_unfinished.set(len(engine.requests))
+        self.kv_blocks_used.set(blocks.num_used_blocks)
+        self.kv_blocks_total.set(blocks.num_blocks)
+
+    def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
+        self.observe_state(engine)
+        plan = engine.last_plan
+        if plan is not None:
+            self.generation_tokens.inc(len(plan.sampling_rows))
+            if plan.num_preempted:
+                self.preemptions.inc(plan.num_preempted)
+        for out in outputs:
+            if not out.finished:
+                continue
+            self.requests_finished.inc()
+            self.prompt_tokens.inc(len(out.prompt_token_ids))
+            m = out.metrics
+            if m is not None and m.first_token_time is not None:
+                self.time_to_first_token.observe(m.first_token_time - m.arrival_time)
+                generated = max(len(c.token_ids) for c in out.outputs)
+                if generated > 1 and m.finished_time is not None:
+                    self.time_per_output_token.observe((m.finished_time - m.first_token_time) / (generated - 1))
+
+    def observe_abort(self, engine: LLMEngine) -> None:
+        self.requests_aborted.inc()
+        self.observe_state(engine)

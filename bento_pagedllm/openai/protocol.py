@@ -1,0 +1,90 @@
+"""The OpenAI request bodies, as pydantic models: used at the HTTP boundary only.
+
+Field names and ranges follow OpenAI's API reference; `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
+`stop_token_ids` and `min_tokens` are vLLM's extensions. Unknown fields are ignored. Types are strict
+(`"temperature": "1"` is an error, as in OpenAI's API), except that an integer is a valid float.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_LOGPROBS = 20  # SamplingParams.MAX_LOGPROBS; OpenAI's limit for top_logprobs too
+MAX_N = 128
+
+Float = Annotated[float, Field(allow_inf_nan=False)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+PositiveInt = Annotated[int, Field(ge=1)]
+TokenId = Annotated[int, Field(ge=0)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class StreamOptions(_Body):
+    include_usage: bool | None = False
+
+
+class _SamplingRequest(_Body):
+    """What completions and chat completions share."""
+
+    model: str
+    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = 1
+    max_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    stop: str | list[str] | None = None
+    seed: Annotated[int, Field(ge=-(1 << 63), lt=1 << 64)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Float] | None = None  # accepted only when empty: not supported
+    user: str | None = None  # ignored
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    # vLLM extensions
+    top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 or 0: disabled
+    min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
+    ignore_eos: bool | None = False
+    stop_token_ids: list[TokenId] | None = None
+    min_tokens: Annotated[int, Field(ge=0)] | None = 0
+
+
+class CompletionRequest(_SamplingRequest):
+    """POST /completions. `prompt`: a string, a list of strings (a batch), token ids or a list of token-id lists."""
+
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    echo: bool | None = False
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    suffix: str | None = None  # accepted only when null: not supported
+    best_of: PositiveInt | None = None  # accepted only when equal to n
+
+
+class TextContentPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_SamplingRequest):
+    """POST /chat/completions."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool | None = False
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+
+
+FIELD_NAMES: frozenset[str] = frozenset(
+    name
+    for model in (StreamOptions, CompletionRequest, TextContentPart, ChatMessage, ChatCompletionRequest)
+    for name in model.model_fields
+)

@@ -1,0 +1,49 @@
+"""`bentoml build` offline: the bento's service target, its model reference and the generated Dockerfile."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+
+
+@pytest.mark.timeout(600)
+def test_bentoml_build_offline_references_the_model(smollm2_model):
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
+    result = subprocess.run([os.path.join(BIN, "bentoml"), "build", "--output", "tag"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    tag = result.stdout.strip().splitlines()[-1].removeprefix("__tag__:")
+    assert tag.startswith("pagedllm:")
+    info = json.loads(subprocess.run([os.path.join(BIN, "bentoml"), "get", tag, "-o", "json"], env=env,
+                                     capture_output=True, text=True, check=True).stdout)
+    bento_dir = os.path.join(os.environ["BENTOML_HOME"], "bentos", *tag.split(":"))
+    with open(os.path.join(bento_dir, "bento.yaml")) as f:
+        manifest = yaml.safe_load(f)
+    assert manifest["service"] == "service:svc"
+    models = [m["tag"] for service in manifest["services"] for m in service["models"]]
+    assert models == [str(smollm2_model.tag)], (models, info)
+    assert {e["name"]: e["value"] for e in manifest["envs"]} == {"PAGEDLLM_DEVICE": "cuda", "PAGEDLLM_DTYPE": "bfloat16"}
+    # the engine's source travels with the bento; tests and benchmarks do not
+    src = os.path.join(bento_dir, "src")
+    for path in ("service.py", "bento_pagedllm/engine.py", "bento_pagedllm/openai/routes.py",
+                 "bento_pagedllm/kernels/__init__.py"):
+        assert os.path.isfile(os.path.join(src, path)), path
+    assert not os.path.exists(os.path.join(src, "tests"))
+    with open(os.path.join(bento_dir, "env", "docker", "Dockerfile")) as f:
+        dockerfile = f.read()
+    assert "FROM python:3.11" in dockerfile
+    assert 'ENTRYPOINT [ "/home/bentoml/bento/env/docker/entrypoint.sh" ]' in dockerfile
+    assert "EXPOSE 3000" in dockerfile
+    with open(os.path.join(bento_dir, "env", "docker", "entrypoint.sh")) as f:
+        assert "bentoml" in f.read()  # the entrypoint serves the bento
+    with open(os.path.join(bento_dir, "env", "python", "requirements.txt")) as f:
+        requirements = f.read()
+    assert "torch" in requirements and "bentoml" in requirements

@@ -1,0 +1,627 @@
+"""The OpenAI-compatible routes, in process, on a real engine over the tiny random Llama.
+
+Driven by httpx over ASGI and by the official `openai` client. NOTE: httpx's ASGITransport buffers a whole
+response, so what depends on timing (chunks sent while the request still runs, a client that disconnects
+mid-stream) is tested by calling the ASGI app directly and once over a real socket with uvicorn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from contextlib import aclosing
+
+import httpx
+import openai
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
+from starlette.routing import Mount
+
+from bento_pagedllm import AsyncLLMEngine, EngineArgs, SamplingParams
+from bento_pagedllm.openai import build_openai_app
+from bento_pagedllm.tokenizer import apply_chat_template
+
+MODEL = "tiny-llama"
+KEY = "sk-test-0123456789"
+HELLO = [{"role": "user", "content": "Hello there, how are you?"}]
+MAX_LEN = 1024
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama3_dir):
+    engine = AsyncLLMEngine(EngineArgs(model=tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=512,
+                                       max_model_len=MAX_LEN, max_num_seqs=64, max_num_batched_tokens=1024))
+    yield engine
+    engine.shutdown()
+
+
+def mount(get_engine, **kwargs) -> Starlette:
+    return Starlette(routes=[Mount("/v1", app=build_openai_app(get_engine, model_name=MODEL, **kwargs))])
+
+
+@pytest.fixture(scope="module")
+def app(engine):
+    return mount(lambda: engine)
+
+
+def http_client(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+
+
+def openai_client(app, api_key: str = "unused") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key=api_key, http_client=http_client(app),
+                              max_retries=0)
+
+
+@pytest.fixture
+async def http(app):
+    async with http_client(app) as client:
+        yield client
+
+
+@pytest.fixture
+async def oai(app):
+    client = openai_client(app)
+    yield client
+    await client.close()
+
+
+async def wait_idle(engine, timeout: float = 10.0) -> bool:
+    """The engine thread processes aborts between steps: wait until it has nothing left."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    bm = engine.engine.block_manager
+    while (engine.engine.requests or bm.num_free_blocks != bm.num_blocks) and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+    return not engine.engine.requests and bm.num_free_blocks == bm.num_blocks
+
+
+@pytest.fixture(autouse=True)
+async def no_leaks(engine):
+    """Every test leaves no request and no used KV block behind."""
+    yield
+    assert await wait_idle(engine)
+
+
+@pytest.fixture
+def aborted(engine, monkeypatch) -> list[str]:
+    """Ids of the requests the engine aborted while they ran (not those that had finished already)."""
+    ids: list[str] = []
+    real = engine.engine.abort_request
+
+    def spy(request_id: str) -> bool:
+        found = real(request_id)
+        if found:
+            ids.append(request_id)
+        return found
+
+    monkeypatch.setattr(engine.engine, "abort_request", spy)
+    return ids
+
+
+def sse_events(text: str) -> list:
+    """Split an SSE body into its events, checking OpenAI's framing: `data: <json>\\n\\n` ... `data: [DONE]\\n\\n`."""
+    assert text.endswith("\n\n")
+    events = []
+    for block in text[:-2].split("\n\n"):
+        assert block.startswith("data: ") and "\n" not in block
+        data = block[len("data: "):]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+async def engine_token_ids(engine, prompt, **params) -> list[int]:
+    """What the engine itself generates (greedy), to check the API against."""
+    async for out in engine.generate(prompt, SamplingParams(temperature=0.0, **params)):
+        last = out
+    return last.outputs[0].token_ids
+
+
+# ---- models ------------------------------------------------------------------------------------------
+
+
+async def test_models(http, oai):
+    r = await http.get("/v1/models")
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "list" and len(body["data"]) == 1
+    card = body["data"][0]
+    assert card["id"] == MODEL and card["object"] == "model" and isinstance(card["created"], int)
+    assert [m.id for m in (await oai.models.list()).data] == [MODEL]
+    assert (await oai.models.retrieve(MODEL)).id == MODEL
+    with pytest.raises(openai.NotFoundError) as info:
+        await oai.models.retrieve("gpt-4o")
+    assert info.value.body["code"] == "model_not_found"
+
+
+# ---- chat ---------------------------------------------------------------------------------------------
+
+
+async def test_chat_non_streamed_and_streamed_agree(engine, http, oai):
+    request = dict(model=MODEL, messages=HELLO, max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    full = await oai.chat.completions.create(**request)
+    assert full.id.startswith("chatcmpl-") and full.object == "chat.completion" and full.model == MODEL
+    assert isinstance(full.created, int) and full.system_fingerprint is None
+    (choice,) = full.choices
+    assert choice.index == 0 and choice.message.role == "assistant" and choice.finish_reason == "length"
+    assert choice.logprobs is None
+    prompt_ids = apply_chat_template(engine.tokenizer, HELLO)
+    assert full.usage.prompt_tokens == len(prompt_ids)
+    assert full.usage.completion_tokens == 20 and full.usage.total_tokens == len(prompt_ids) + 20
+    # the API answers what the engine generates
+    expected = await engine_token_ids(engine, prompt_ids, max_tokens=20, ignore_eos=True)
+    assert choice.message.content == engine.tokenizer.decode(expected, skip_special_tokens=True)
+
+    chunks = [c async for c in await oai.chat.completions.create(**request, stream=True)]
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    assert all(c.object == "chat.completion.chunk" and c.created >= full.created for c in chunks)
+    assert len({c.id for c in chunks}) == 1 and chunks[0].id.startswith("chatcmpl-")
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    last = chunks[-1].choices[0]
+    assert last.finish_reason == "length" and last.delta.content is None and last.delta.role is None
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
+    assert sum(1 for c in chunks if c.choices[0].delta.content) > 5  # token by token, not one lump
+
+    # the raw stream: SSE framing, no usage key unless asked for, [DONE] last
+    r = await http.post("/v1/chat/completions", json={**request.pop("extra_body"), **request, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]"
+    assert all("usage" not in e for e in events[:-1])
+    assert events[0]["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                     "finish_reason": None}]
+    assert events[-2]["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}]
+
+
+async def test_chat_content_parts_and_extras(oai, http):
+    common = dict(model=MODEL, max_tokens=8, temperature=0)
+    plain = await oai.chat.completions.create(messages=HELLO, **common)
+    parts = await oai.chat.completions.create(
+        messages=[{"role": "user", "content": [{"type": "text", "text": HELLO[0]["content"]}]}], **common)
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    # max_completion_tokens wins over max_tokens; unknown fields and `user` are ignored; vLLM's extensions
+    r = await http.post("/v1/chat/completions", json={
+        "model": MODEL, "messages": [{"role": "developer", "content": "Be brief."}] + HELLO, "max_tokens": 50,
+        "max_completion_tokens": 3, "ignore_eos": True, "user": "someone", "some_future_field": {"x": 1},
+        "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.2, "presence_penalty": 0.5, "frequency_penalty": 0.5,
+    })
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 3
+
+
+async def test_chat_n2_streams_interleave(oai):
+    request = dict(model=MODEL, messages=HELLO, max_tokens=12, temperature=1.0, seed=3, n=2,
+                   extra_body={"ignore_eos": True})
+    full = await oai.chat.completions.create(**request)
+    assert [c.index for c in full.choices] == [0, 1]
+    assert full.choices[0].message.content != full.choices[1].message.content
+    assert full.usage.completion_tokens == 24  # both choices; the prompt counted once
+    chunks = [c async for c in await oai.chat.completions.create(**request, stream=True)]
+    texts, finish, first = {0: "", 1: ""}, {}, {}
+    for c in chunks:
+        (ch,) = c.choices
+        first.setdefault(ch.index, ch.delta.role)
+        assert ch.index not in finish  # nothing after a choice's finish_reason
+        texts[ch.index] += ch.delta.content or ""
+        if ch.finish_reason:
+            finish[ch.index] = ch.finish_reason
+    assert first == {0: "assistant", 1: "assistant"}
+    assert finish == {c.index: c.finish_reason for c in full.choices}
+    assert texts == {c.index: c.message.content for c in full.choices}  # seeded: the same two answers
+    indices = [c.choices[0].index for c in chunks]
+    assert indices != sorted(indices)  # interleaved, as generated
+
+
+async def test_seed_reproducibility(oai):
+    async def sample(seed):
+        r = await oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16, temperature=1.0,
+                                              top_p=0.95, seed=seed, extra_body={"ignore_eos": True})
+        return r.choices[0].message.content
+
+    a, b, c, d = await asyncio.gather(sample(42), sample(42), sample(7), sample(8))
+    assert a == b
+    assert len({a, c, d}) > 1
+
+
+async def test_chat_logprobs(oai, http):
+    request = dict(model=MODEL, messages=HELLO, max_tokens=10, temperature=0, logprobs=True, top_logprobs=3,
+                   extra_body={"ignore_eos": True})
+    full = await oai.chat.completions.create(**request)
+    content = full.choices[0].logprobs.content
+    assert len(content) == full.usage.completion_tokens == 10
+    for entry in content:
+        assert len(entry.top_logprobs) == 3 and entry.logprob <= 0.0
+        assert entry.token == entry.top_logprobs[0].token  # greedy: the chosen token is the most likely
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[1].logprob >= entry.top_logprobs[2].logprob
+        assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token or entry.token.startswith("bytes:")
+    text = b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace")
+    assert text == full.choices[0].message.content
+    chunks = [c async for c in await oai.chat.completions.create(**request, stream=True)]
+    streamed = [e for c in chunks if c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    # top_logprobs needs logprobs
+    r = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "top_logprobs": 2})
+    assert error_of(r, 400)["param"] == "top_logprobs"
+
+
+async def test_include_usage(oai, http):
+    request = dict(model=MODEL, messages=HELLO, max_tokens=6, temperature=0)
+    full = await oai.chat.completions.create(**request)
+    chunks = [c async for c in await oai.chat.completions.create(
+        **request, stream=True, stream_options={"include_usage": True})]
+    assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == full.usage.model_dump()
+    assert all(c.usage is None for c in chunks[:-1])
+    r = await http.post("/v1/completions", json={"model": MODEL, "prompt": "Once upon", "max_tokens": 5, "n": 2,
+                                                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+    events = sse_events(r.text)
+    assert events[-1] == "[DONE]" and events[-2]["choices"] == []
+    usage = events[-2]["usage"]
+    assert usage["completion_tokens"] == 10
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert all(e["usage"] is None for e in events[:-2])
+    r = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "stream_options": {
+        "include_usage": True}})
+    assert error_of(r, 400)["param"] == "stream_options"
+
+
+# ---- completions --------------------------------------------------------------------------------------
+
+
+async def test_completions_non_streamed_and_streamed_agree(oai):
+    request = dict(model=MODEL, prompt="The capital of France is", max_tokens=16, temperature=0)
+    full = await oai.completions.create(**request)
+    assert full.id.startswith("cmpl-") and full.object == "text_completion" and full.model == MODEL
+    (choice,) = full.choices
+    assert choice.index == 0 and choice.finish_reason in ("stop", "length") and choice.logprobs is None
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+    chunks = [c async for c in await oai.completions.create(**request, stream=True)]
+    assert all(c.object == "text_completion" and c.id == chunks[0].id for c in chunks)
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].choices[0].finish_reason == choice.finish_reason and chunks[-1].choices[0].text == ""
+    assert "".join(c.choices[0].text for c in chunks) == choice.text
+
+
+async def test_completions_logprobs(oai):
+    request = dict(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=2,
+                   extra_body={"ignore_eos": True})
+    full = await oai.completions.create(**request)
+    lp = full.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 8
+    offset = 0
+    for token, logprob, top, at in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset):
+        assert at == offset
+        offset += len(token)
+        assert len(top) == 2 and top[token] == pytest.approx(logprob) and logprob == pytest.approx(max(top.values()))
+    assert "".join(lp.tokens) == full.choices[0].text
+    chunks = [c async for c in await oai.completions.create(**request, stream=True)]
+    streamed = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    assert sum((s.tokens for s in streamed), []) == lp.tokens
+    assert sum((s.token_logprobs for s in streamed), []) == lp.token_logprobs
+    assert sum((s.text_offset for s in streamed), []) == lp.text_offset
+
+
+async def test_echo(oai, engine):
+    prompt = "Once upon a time"
+    plain = await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)
+    echoed = await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, echo=True)
+    assert echoed.choices[0].text == prompt + plain.choices[0].text
+    chunks = [c async for c in await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=6,
+                                                            temperature=0, echo=True, stream=True)]
+    assert chunks[0].choices[0].text == prompt
+    assert "".join(c.choices[0].text for c in chunks) == echoed.choices[0].text
+    ids = engine.tokenizer(prompt).input_ids
+    by_ids = await oai.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0, echo=True)
+    assert by_ids.choices[0].text == echoed.choices[0].text
+
+
+async def test_token_id_prompts_and_batches(oai, engine):
+    texts = ["Once upon a time", "The quick brown fox jumps"]
+    ids = [engine.tokenizer(t).input_ids for t in texts]
+    common = dict(model=MODEL, max_tokens=6, temperature=0.8, seed=11, n=2)
+    by_text = await oai.completions.create(prompt=texts[0], **common)
+    by_ids = await oai.completions.create(prompt=ids[0], **common)
+    assert [c.text for c in by_ids.choices] == [c.text for c in by_text.choices]
+    assert by_ids.usage.model_dump() == by_text.usage.model_dump()
+    second = await oai.completions.create(prompt=ids[1], **common)
+    for batch in (texts, ids):
+        out = await oai.completions.create(prompt=batch, **common)
+        assert [c.index for c in out.choices] == [0, 1, 2, 3]  # prompt_index * n + choice_index
+        assert [c.text for c in out.choices] == [c.text for c in by_text.choices + second.choices]
+        assert out.usage.prompt_tokens == len(ids[0]) + len(ids[1])
+        assert out.usage.completion_tokens == by_text.usage.completion_tokens + second.usage.completion_tokens
+    chunks = [c async for c in await oai.completions.create(prompt=ids, stream=True, **common)]
+    streamed: dict[int, str] = {}
+    for c in chunks:
+        streamed[c.choices[0].index] = streamed.get(c.choices[0].index, "") + c.choices[0].text
+    assert streamed == {i: c.text for i, c in enumerate(by_text.choices + second.choices)}
+
+
+async def test_max_tokens_defaults_to_the_rest_of_the_window(http):
+    r = await http.post("/v1/completions", json={"model": MODEL, "prompt": [5] * (MAX_LEN - 4), "ignore_eos": True,
+                                                 "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["finish_reason"] == "length"
+
+
+async def test_stop(oai, engine):
+    prompt = "Once upon a time there was"
+    ids = engine.tokenizer(prompt).input_ids
+    expected = await engine_token_ids(engine, ids, max_tokens=24, ignore_eos=True)
+    free = await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0,
+                                        extra_body={"ignore_eos": True})
+    text = free.choices[0].text
+    assert text == engine.tokenizer.decode(expected, skip_special_tokens=True)
+    stop = text[6:9]
+    cut = text[: text.find(stop)]
+    for stops in (stop, [stop, "never appears zzz"]):
+        out = await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=stops,
+                                           extra_body={"ignore_eos": True})
+        assert out.choices[0].text == cut and out.choices[0].finish_reason == "stop"
+        chunks = [c async for c in await oai.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=stops, stream=True,
+            extra_body={"ignore_eos": True})]
+        assert "".join(c.choices[0].text for c in chunks) == cut
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    # vLLM's stop_token_ids: ends at (and counts) the first occurrence of that token
+    out = await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0,
+                                       extra_body={"ignore_eos": True, "stop_token_ids": [expected[3]]})
+    assert out.choices[0].finish_reason == "stop"
+    assert out.usage.completion_tokens == expected.index(expected[3]) + 1
+
+
+# ---- errors -------------------------------------------------------------------------------------------
+
+CHAT = {"model": MODEL, "messages": HELLO}
+BAD_REQUESTS = [
+    # (path, body, status, param, code)
+    ("/chat/completions", {**CHAT, "temperature": "hot"}, 400, "temperature", "invalid_type"),
+    ("/chat/completions", {**CHAT, "temperature": 2.5}, 400, "temperature", "invalid_value"),
+    ("/chat/completions", {**CHAT, "n": 0}, 400, "n", "invalid_value"),
+    ("/chat/completions", {**CHAT, "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
+    ("/chat/completions", {**CHAT, "top_p": 0}, 400, "top_p", "invalid_value"),
+    ("/chat/completions", {**CHAT, "top_logprobs": 21, "logprobs": True}, 400, "top_logprobs", "invalid_value"),
+    ("/chat/completions", {**CHAT, "presence_penalty": -3}, 400, "presence_penalty", "invalid_value"),
+    ("/chat/completions", {**CHAT, "stream": "yes"}, 400, "stream", "invalid_type"),
+    ("/chat/completions", {**CHAT, "stop": 5}, 400, "stop", "invalid_type"),
+    ("/chat/completions", {**CHAT, "logit_bias": {"5": 1.0}}, 400, "logit_bias", None),
+    ("/chat/completions", {"messages": HELLO}, 400, "model", "missing_required_parameter"),
+    ("/chat/completions", {"model": MODEL}, 400, "messages", "missing_required_parameter"),
+    ("/chat/completions", {"model": MODEL, "messages": []}, 400, "messages", "invalid_value"),
+    ("/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, 400,
+     "messages[0].role", "invalid_value"),
+    ("/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, 400, "messages[0].content[0].type",
+     "invalid_value"),
+    ("/completions", {"model": MODEL, "prompt": 5}, 400, "prompt", "invalid_type"),
+    ("/completions", {"model": MODEL, "prompt": [1, -2]}, 400, "prompt[1]", "invalid_value"),
+    ("/completions", {"model": MODEL, "prompt": []}, 400, "prompt", None),
+    ("/completions", {"model": MODEL, "prompt": [49152]}, 400, "prompt", None),  # beyond the vocabulary
+    ("/completions", {"model": MODEL, "prompt": ""}, 400, "prompt", None),  # the engine: empty prompt
+    ("/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
+    ("/completions", {"model": MODEL, "prompt": "x", "stop_token_ids": [10 ** 6]}, 400, "stop_token_ids", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "suffix": "y"}, 400, "suffix", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "min_tokens": 5, "max_tokens": 2}, 400, "min_tokens", None),
+    ("/completions", {"model": "gpt-4o", "prompt": "x"}, 404, None, "model_not_found"),
+    ("/chat/completions", {"model": "gpt-4o", "messages": HELLO}, 404, None, "model_not_found"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param,code", BAD_REQUESTS)
+async def test_bad_requests(http, path, body, status, param, code):
+    error = error_of(await http.post("/v1" + path, json=body), status)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param and error["code"] == code and error["message"]
+
+
+async def test_malformed_json_and_non_objects(http):
+    for content in (b"{not json", b"", b'[1, 2]', b'"text"'):
+        r = await http.post("/v1/chat/completions", content=content, headers={"content-type": "application/json"})
+        error = error_of(r, 400)
+        assert error["type"] == "invalid_request_error" and error["param"] is None
+
+
+async def test_context_window(engine, http, oai):
+    prompt_tokens = len(apply_chat_template(engine.tokenizer, HELLO))
+    r = await http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1000})
+    error = error_of(r, 400)
+    assert error["code"] == "context_length_exceeded" and error["param"] == "messages"
+    requested, over = prompt_tokens + 1000, prompt_tokens + 1000 - MAX_LEN
+    assert f"maximum context length is {MAX_LEN} tokens" in error["message"]
+    assert f"you requested {requested} tokens ({prompt_tokens} in the messages, 1000 in the completion)" in (
+        error["message"])
+    assert f"by {over} tokens" in error["message"]
+    # a prompt that fills the window leaves no room when max_tokens is absent
+    r = await http.post("/v1/completions", json={"model": MODEL, "prompt": [5] * (MAX_LEN + 10)})
+    error = error_of(r, 400)
+    assert error["code"] == "context_length_exceeded" and error["param"] == "prompt"
+    assert f"resulted in {MAX_LEN + 10} tokens" in error["message"] and "by 11 tokens" in error["message"]
+    # through the official client
+    with pytest.raises(openai.BadRequestError) as info:
+        await oai.completions.create(model=MODEL, prompt=[5] * 1000, max_tokens=100)
+    assert info.value.status_code == 400 and info.value.body["code"] == "context_length_exceeded"
+
+
+async def test_body_too_large(engine):
+    app = mount(lambda: engine, max_body_bytes=1000)
+    async with http_client(app) as client:
+        error = error_of(await client.post("/v1/completions", json={"model": MODEL, "prompt": "x" * 2000}), 413)
+        assert error["type"] == "invalid_request_error"
+        ok = await client.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1})
+        assert ok.status_code == 200
+
+
+async def test_unknown_routes(http):
+    assert error_of(await http.post("/v1/embeddings", json={}), 404)["type"] == "invalid_request_error"
+    error_of(await http.get("/v1/completions"), 405)
+
+
+class _BrokenEngine:
+    """The real engine, except that each stream fails after its first output."""
+
+    def __init__(self, engine: AsyncLLMEngine) -> None:
+        self._real = engine
+        self.tokenizer = engine.tokenizer
+        self.engine = engine.engine
+
+    async def generate(self, prompt, params=None, request_id=None):
+        async with aclosing(self._real.generate(prompt, params, request_id)) as stream:
+            async for out in stream:
+                yield out
+                raise RuntimeError("secret internal detail")
+
+
+async def test_server_errors(engine):
+    def no_engine():
+        raise RuntimeError("secret internal detail")
+
+    async with http_client(mount(no_engine)) as client:
+        error = error_of(await client.post("/v1/chat/completions", json=CHAT), 500)
+        assert error["type"] == "server_error" and "secret" not in error["message"]
+    async with http_client(mount(lambda: _BrokenEngine(engine))) as client:
+        body = {**CHAT, "max_tokens": 50, "ignore_eos": True}
+        error_of(await client.post("/v1/chat/completions", json=body), 500)
+        r = await client.post("/v1/chat/completions", json={**body, "stream": True})
+        assert r.status_code == 200  # the status line was sent before the failure
+        events = sse_events(r.text)
+        assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        assert set(events[-1]) == {"error"} and events[-1]["error"]["type"] == "server_error"
+        assert "[DONE]" not in events and "secret" not in r.text
+
+
+async def test_api_key(engine):
+    app = mount(lambda: engine, api_key=KEY)
+    async with http_client(app) as client:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
+                        {"Authorization": f"Basic {KEY}"}):
+            for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions")):
+                r = await client.request(method, path, json=CHAT, headers=headers)
+                error = error_of(r, 401)
+                assert error["code"] == "invalid_api_key" and KEY not in r.text
+        assert (await client.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})).status_code == 200
+    good, bad = openai_client(app, KEY), openai_client(app, "sk-wrong")
+    r = await good.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
+    assert r.choices[0].message.role == "assistant"
+    with pytest.raises(openai.AuthenticationError):
+        await bad.models.list()
+    await good.close()
+    await bad.close()
+
+
+# ---- disconnects --------------------------------------------------------------------------------------
+
+
+async def call_asgi(app, path: str, payload: dict, *, disconnect_after: int | None = None,
+                    disconnect_delay: float | None = None, spec_version: str = "2.3", engine=None):
+    """Call the ASGI app as a server would; the client goes away after `disconnect_after` body chunks (an
+    `http.disconnect` with ASGI < 2.4, a failing send with 2.4) or `disconnect_delay` seconds.
+    Returns (status, body chunks, engine requests running when each chunk was sent)."""
+    body = json.dumps(payload).encode()
+    gone = asyncio.Event()
+    status, chunks, running = None, [], []
+    sent_request = False
+
+    async def receive():
+        nonlocal sent_request
+        if not sent_request:
+            sent_request = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        if disconnect_delay is not None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(gone.wait(), disconnect_delay)
+        else:
+            await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        nonlocal status
+        if gone.is_set() and spec_version >= "2.4":
+            raise OSError("connection closed")
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message.get("body"):
+            chunks.append(message["body"])
+            running.append(len(engine.engine.requests) if engine else None)
+            if disconnect_after is not None and len(chunks) >= disconnect_after:
+                gone.set()
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": spec_version}, "http_version": "1.1",
+        "method": "POST", "scheme": "http", "path": "/v1" + path, "raw_path": ("/v1" + path).encode(),
+        "root_path": "", "query_string": b"", "server": ("test", 80), "client": ("127.0.0.1", 5000),
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+    }
+    with contextlib.suppress(ClientDisconnect):
+        await asyncio.wait_for(app(scope, receive, send), 30)
+    return status, chunks, running
+
+
+LONG = {"max_tokens": 800, "ignore_eos": True, "temperature": 0, "stream": True}
+
+
+@pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
+async def test_disconnect_mid_stream_aborts(app, engine, aborted, spec_version):
+    status, chunks, running = await call_asgi(app, "/chat/completions", {**CHAT, **LONG}, disconnect_after=4,
+                                              spec_version=spec_version, engine=engine)
+    # the engine stream is closed by the time the app returns (not later, by garbage collection)
+    assert not engine._active_ids
+    assert status == 200 and 4 <= len(chunks) < 10
+    # the role chunk goes out at once, every content chunk while the request is still generating: streamed,
+    # not buffered
+    assert all(running[1:])
+    assert await wait_idle(engine)
+    assert len(aborted) == 1 and aborted[0].startswith("chatcmpl-")
+
+
+async def test_disconnect_aborts_every_engine_stream(app, engine, aborted):
+    payload = {"model": MODEL, "prompt": ["Once upon a time", "The quick brown fox"], "n": 3, **LONG}
+    status, chunks, running = await call_asgi(app, "/completions", payload, disconnect_after=3, engine=engine)
+    assert not engine._active_ids
+    assert status == 200 and max(running) == 2  # one engine request per prompt, each with its 3 choices
+    assert await wait_idle(engine)
+    assert len(aborted) == 2
+
+
+async def test_disconnect_before_a_non_streamed_answer_aborts(app, engine, aborted):
+    payload = {**CHAT, **LONG, "stream": False, "n": 2}
+    status, chunks, _ = await call_asgi(app, "/chat/completions", payload, disconnect_delay=0.3, engine=engine)
+    assert not engine._active_ids
+    assert status == 499 and not any(chunks)  # the work was cancelled: no answer
+    assert await wait_idle(engine)
+    assert len(aborted) == 1
+
+
+async def test_real_server_disconnect(app, engine, aborted):
+    uvicorn = pytest.importorskip("uvicorn")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            async with client.stream("POST", "/v1/chat/completions", json={**CHAT, **LONG}) as r:
+                assert r.status_code == 200
+                lines = []
+                async for line in r.aiter_lines():
+                    if line:
+                        lines.append(line)
+                    if len(lines) == 3:
+                        assert engine.engine.requests  # still generating while we read
+                        break
+        assert await wait_idle(engine)
+        assert len(aborted) == 1
+    finally:
+        server.should_exit = True
+        await serving

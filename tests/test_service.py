@@ -1,0 +1,190 @@
+"""The real thing: `bentoml serve service:svc` in a subprocess, driven by the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+API_KEY = "test-key-123"
+MODEL = "smollm2-135m-instruct"
+pytestmark = pytest.mark.timeout(900)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_model, tmp_path_factory):
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("server") / "serve.log"
+    env = dict(os.environ, PAGEDLLM_API_KEY=API_KEY, PAGEDLLM_DEVICE="cpu", PAGEDLLM_NUM_KV_BLOCKS="512",
+               PAGEDLLM_MAX_MODEL_LEN="2048", PATH=f"{BIN}:{os.environ['PATH']}",
+               PROMETHEUS_MULTIPROC_DIR=str(tmp_path_factory.mktemp("prom")))
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([os.path.join(BIN, "bentoml"), "serve", "service:svc", "--port", str(port),
+                                 "--host", "127.0.0.1"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 240
+    while True:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            raise RuntimeError(f"server did not become ready:\n{log_path.read_text()[-4000:]}")
+        time.sleep(0.5)
+    yield base
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+
+def metric(base: str, name: str) -> float:
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    values = [float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)]
+    assert values, f"{name} missing from /metrics"
+    return sum(values)
+
+
+def wait_idle(base: str, timeout: float = 30.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if metric(base, "pagedllm_requests_unfinished") == 0 and metric(base, "pagedllm_kv_blocks_used") == 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError("requests or KV blocks left behind")
+
+
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_models_and_model_store_labels(client, smollm2_model):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    labels = smollm2_model.info.labels
+    assert labels["arch"] == "LlamaForCausalLM" and labels["dtype"] == "float32"
+    assert labels["params"] == "135M" and labels["context_length"] == "8192"
+
+
+def test_chat_streaming_equals_non_streaming_and_arrives_over_time(client):
+    full = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=40)
+    assert "Paris" in full.choices[0].message.content and full.choices[0].finish_reason == "stop"
+    assert full.usage.completion_tokens > 3 and full.object == "chat.completion"
+    chunks, times = [], []
+    for chunk in client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=40,
+                                                stream=True, stream_options={"include_usage": True}):
+        chunks.append(chunk)
+        times.append(time.perf_counter())
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) >= 5  # token by token
+    text = "".join(c.choices[0].delta.content for c in content)
+    assert text == full.choices[0].message.content
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "stop"
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens and chunks[-1].choices == []
+    assert times[-1] - times[0] > 0.05  # not buffered to the end: CPU decode takes tens of ms a token
+
+
+def test_completions_stream_equals_non_stream(client):
+    prompt = "The three primary colors are"
+    full = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=20)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL, prompt=prompt, temperature=0, max_tokens=20, stream=True))
+    assert streamed == full.choices[0].text and full.choices[0].finish_reason == "length"
+    assert full.usage.completion_tokens == 20
+
+
+def test_n_stop_seed_logprobs(client):
+    two = client.chat.completions.create(model=MODEL, messages=CHAT, n=2, temperature=1.0, max_tokens=12, seed=3)
+    assert [c.index for c in two.choices] == [0, 1]
+    again = client.chat.completions.create(model=MODEL, messages=CHAT, n=2, temperature=1.0, max_tokens=12, seed=3)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in two.choices]
+    stopped = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=40, stop=["Paris"])
+    assert "Paris" not in stopped.choices[0].message.content and stopped.choices[0].finish_reason == "stop"
+    lp = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=5, logprobs=True,
+                                        top_logprobs=2)
+    content = lp.choices[0].logprobs.content
+    assert len(content) == 5 and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+    assert content[0].top_logprobs[0].logprob == pytest.approx(content[0].logprob)
+
+
+def test_32_concurrent_streams_are_independent(server):
+    async def run():
+        client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+        prompts = [f"Write the number {i} in words." for i in range(32)]
+
+        async def stream(p):
+            out = await client.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=12, stream=True)
+            return "".join([c.choices[0].text async for c in out])
+
+        async def whole(p):
+            return (await client.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=12)).choices[0].text
+
+        streamed = await asyncio.gather(*(stream(p) for p in prompts))
+        alone = [await whole(p) for p in prompts[:4]]
+        await client.close()
+        return streamed, alone
+
+    streamed, alone = asyncio.run(run())
+    assert streamed[:4] == alone
+    assert len(set(streamed)) > 16  # different prompts, different answers
+    wait_idle(server)
+
+
+def test_disconnect_mid_stream_frees_everything(server):
+    body = {"model": MODEL, "prompt": "Tell me a very long story.", "max_tokens": 1500, "stream": True,
+            "ignore_eos": True}
+    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as response:
+        lines = 0
+        for line in response.iter_lines():
+            lines += bool(line)
+            if lines >= 3:
+                break
+    assert metric(server, "pagedllm_kv_blocks_total") == 512
+    wait_idle(server)
+    assert metric(server, "pagedllm_requests_aborted_total") >= 1
+
+
+def test_errors_through_the_server(server):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    no_key = httpx.post(f"{server}/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert no_key.status_code == 401 and no_key.json()["error"]["code"] == "invalid_api_key"
+    unknown = httpx.post(f"{server}/v1/completions", json={"model": "nope", "prompt": "x"}, headers=headers)
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    too_long = httpx.post(f"{server}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 5000},
+                          headers=headers)
+    assert too_long.status_code == 400 and "2048" in too_long.json()["error"]["message"]
+    assert httpx.get(f"{server}/readyz").status_code == 200  # health stays open
+
+
+def test_metrics_report_engine_state(server):
+    for name in ("pagedllm_requests_running", "pagedllm_requests_waiting", "pagedllm_kv_blocks_used",
+                 "pagedllm_prompt_tokens_total", "pagedllm_generation_tokens_total", "pagedllm_preemptions_total",
+                 "pagedllm_time_to_first_token_seconds_count", "pagedllm_time_per_output_token_seconds_count"):
+        metric(server, name)
+    assert metric(server, "pagedllm_generation_tokens_total") > 0
+    assert metric(server, "pagedllm_time_to_first_token_seconds_count") > 0
