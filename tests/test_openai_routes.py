@@ -262,7 +262,8 @@ async def test_include_usage(oai, http):
     assert chunks[-1].choices == [] and chunks[-1].usage.model_dump() == full.usage.model_dump()
     assert all(c.usage is None for c in chunks[:-1])
     r = await http.post("/v1/completions", json={"model": MODEL, "prompt": "Once upon", "max_tokens": 5, "n": 2,
-                                                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}})
+                                                 "ignore_eos": True, "stream": True,
+                                                 "stream_options": {"include_usage": True}})
     events = sse_events(r.text)
     assert events[-1] == "[DONE]" and events[-2]["choices"] == []
     usage = events[-2]["usage"]

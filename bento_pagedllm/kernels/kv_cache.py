@@ -21,20 +21,19 @@ def _write_kv_kernel(
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token)  # int64
-    heads = tl.arange(0, HEADS_PAD)
-    dims = tl.arange(0, HEAD_DIM)
-    mask = (heads[:, None] < NUM_KV_HEADS) & (slot >= 0)  # [HEADS_PAD, 1]
-    block = slot // BLOCK_SIZE
-    offset = slot % BLOCK_SIZE
-    src_k = token.to(tl.int64) * stride_kt + heads[:, None] * stride_kh + dims[None, :]
-    src_v = token.to(tl.int64) * stride_vt + heads[:, None] * stride_vh + dims[None, :]
-    k = tl.load(k_ptr + src_k, mask=mask)  # [HEADS_PAD, HEAD_DIM]
-    v = tl.load(v_ptr + src_v, mask=mask)
-    dst_k = block * stride_kcb + offset * stride_kct + heads[:, None] * stride_kch + dims[None, :]
-    dst_v = block * stride_vcb + offset * stride_vct + heads[:, None] * stride_vch + dims[None, :]
-    tl.store(k_cache_ptr + dst_k, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
-
+    if slot >= 0:  # NOTE: a negative slot is a padding token: nothing to write
+        heads = tl.arange(0, HEADS_PAD)[:, None]
+        dims = tl.arange(0, HEAD_DIM)[None, :]
+        mask = heads < NUM_KV_HEADS  # [HEADS_PAD, 1]
+        block = slot // BLOCK_SIZE
+        offset = slot % BLOCK_SIZE
+        row = token.to(tl.int64)
+        k = tl.load(k_ptr + row * stride_kt + heads * stride_kh + dims, mask=mask)  # [HEADS_PAD, HEAD_DIM]
+        v = tl.load(v_ptr + row * stride_vt + heads * stride_vh + dims, mask=mask)
+        dst_k = k_cache_ptr + block * stride_kcb + offset * stride_kct + heads * stride_kch + dims
+        dst_v = v_cache_ptr + block * stride_vcb + offset * stride_vct + heads * stride_vch + dims
+        tl.store(dst_k, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst_v, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 def write_kv_cache(
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim], may be a strided view (a split of qkv)

@@ -1,0 +1,117 @@
+"""Every Triton kernel against its torch reference, on whatever this machine has.
+
+Without CUDA the kernels run under Triton's interpreter (numpy, one program at a time), so the shapes
+are small (2 KV heads, head_dim 64) and only a handful of cases have long contexts; float32 and float16
+only, as the interpreter gets bfloat16 wrong. tests/gpu/test_kernels_gpu.py runs the same checks at
+model sizes in bfloat16 on a GPU.
+"""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    # NOTE: before anything imports the kernels: Triton reads it when the kernels are decorated
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from kernel_cases import (  # noqa: E402
+    attention_cases,
+    check_backends_agree,
+    check_decode,
+    check_prefill,
+    check_rms_norm,
+    check_rotary,
+    check_silu_and_mul,
+    check_write_kv_cache,
+    decode_case,
+    prefill_case,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+F32, F16 = torch.float32, torch.float16
+
+# (seq_lens, q_lens): ragged decode batches; 16, 32 and 64 sit exactly on block (and tile) boundaries
+DECODE_LENS = [
+    ((1, 16, 33, 64, 97), (1,) * 5),
+    ((32, 5, 130, 17), (1,) * 4),
+    ((64, 2, 48), (1,) * 3),
+]
+# mixed steps: whole prompts, decodes, chunks after a cached prefix (prefix = seq_len - q_len)
+PREFILL_LENS = [
+    ((50, 1, 140, 20), (50, 1, 40, 3)),
+    ((16, 96, 33), (16, 32, 1)),
+    ((7, 64, 81), (7, 17, 81)),
+]
+
+DECODE_CASES = attention_cases((F32, F16), (1, 4, 8), (16, 32), DECODE_LENS) + [
+    decode_case((1, 100, 300), num_splits=3),  # splits that are empty for the short sequences
+    decode_case((1, 100, 300), num_splits=1, group=1, dtype=F16),
+    decode_case((40, 200), head_dim=128, dtype=F16),
+    decode_case((90,), head_dim=32, group=2, num_kv_heads=1),
+    decode_case((20, 65), group=3, dtype=F16),  # a group that is not a power of two (Qwen-like)
+    decode_case((4096,), dtype=F16, num_kv_heads=1),  # long: the automatic split count
+    decode_case((3000, 37), group=1, block_size=32, num_kv_heads=1),
+]
+PREFILL_CASES = attention_cases((F32, F16), (1, 4, 8), (16, 32), PREFILL_LENS) + [
+    prefill_case((40, 200), (40, 20), head_dim=128, dtype=F16),
+    prefill_case((23, 70, 5), (23, 6, 1), group=3),  # BLOCK_M rows are not a whole number of groups
+    prefill_case((2000, 1), (48, 1), dtype=F16, num_kv_heads=1),  # long: a chunk after a long prefix
+    prefill_case((300,), (300,), group=1, block_size=32, num_kv_heads=1),  # a whole prompt
+]
+BACKEND_CASES = [
+    prefill_case((50, 1, 140, 20, 33), (50, 1, 40, 3, 1), dtype=F32),  # mixed: the prefill kernel
+    prefill_case((61, 7, 130), (9, 7, 1), group=8, num_kv_heads=1, block_size=32, dtype=F16),
+    decode_case((1, 16, 33, 300), dtype=F32),  # all decodes: the decode kernel
+    decode_case((64, 5), group=1, dtype=F16),
+]
+
+
+def test_kernels_run_under_the_interpreter_without_cuda():
+    """Guards the import order above: compiled kernels would fail on CPU tensors anyway, but say why."""
+    if DEVICE == "cuda":
+        pytest.skip("CUDA present: the kernels are compiled")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from bento_pagedllm.kernels import paged_decode
+
+    assert isinstance(paged_decode._decode_split_kernel, InterpretedFunction)
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=str)
+def test_paged_decode_matches_reference(case):
+    check_decode(case, DEVICE)
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=str)
+def test_paged_prefill_matches_reference(case):
+    check_prefill(case, DEVICE)
+
+
+@pytest.mark.parametrize("case", BACKEND_CASES, ids=str)
+def test_triton_backend_matches_torch_backend(case):
+    check_backends_agree(case, DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("num_kv_heads,head_dim,block_size", [(2, 64, 16), (3, 32, 32)])
+def test_write_kv_cache_matches_reference(num_kv_heads, head_dim, block_size, dtype):
+    check_write_kv_cache(37, num_kv_heads, head_dim, block_size, dtype, DEVICE)
+
+
+@pytest.mark.parametrize("dtype,weight_dtype", [(F32, F32), (F16, F16), (F16, F32)])
+@pytest.mark.parametrize("hidden", [64, 576])  # 576: SmolLM2's width, not a power of two
+def test_rms_norm_matches_reference(hidden, dtype, weight_dtype):
+    check_rms_norm(9, hidden, dtype, weight_dtype, DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 1, 64), (3, 3, 32)])
+def test_rotary_matches_reference(num_heads, num_kv_heads, head_dim, dtype):
+    check_rotary(11, num_heads, num_kv_heads, head_dim, dtype, DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("intermediate", [96, 1536])  # 1536: SmolLM2's, two column blocks
+def test_silu_and_mul_matches_reference(intermediate, dtype):
+    check_silu_and_mul(5, intermediate, dtype, DEVICE)
