@@ -43,7 +43,7 @@ def build_model(configs: EngineConfigs, source: ModelSource | None) -> LlamaForC
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(configs.model, max_positions=configs.scheduler.max_model_len)
+            model = LlamaForCausalLM(configs.model, max_positions=configs.scheduler.max_model_len, device=device)
     finally:
         torch.set_default_dtype(previous)
     # NOTE: rotary tables stay float32 whatever the model dtype, as in transformers.

@@ -27,15 +27,26 @@ def kv_block_bytes(configs: EngineConfigs) -> int:
     return 2 * m.num_hidden_layers * configs.cache.block_size * m.num_key_value_heads * m.head_dim * element
 
 
-def num_kv_blocks(configs: EngineConfigs, profile_peak_bytes: int = 0) -> int:
-    """How many blocks fit the memory budget: a byte budget on the CPU, a share of the GPU's memory on CUDA."""
+def activation_reserve_bytes(configs: EngineConfigs) -> int:
+    """Memory a step's activations may take at most: the widest intermediates of a full token budget, and
+    float32 logits with their sampling temporaries for every running sequence, plus 1 GiB of slack."""
+    m, s = configs.model, configs.scheduler
+    element = torch.empty((), dtype=configs.device.dtype).element_size()
+    per_token = (6 * m.hidden_size + 4 * m.intermediate_size + 2 * (m.q_size + 2 * m.kv_size)) * element
+    logits = s.max_num_seqs * m.vocab_size * 4 * 6
+    return s.max_num_batched_tokens * per_token + logits + (1 << 30)
+
+
+def num_kv_blocks(configs: EngineConfigs) -> int:
+    """How many blocks fit the memory budget: a byte budget on the CPU, a share of the GPU's memory on CUDA
+    (after the weights, which are loaded first, and the activation reserve)."""
     if configs.cache.num_blocks is not None:
         return configs.cache.num_blocks
     device = configs.device.device
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         used = total - free
-        budget = int(total * configs.cache.gpu_memory_utilization) - used - profile_peak_bytes
+        budget = int(total * configs.cache.gpu_memory_utilization) - used - activation_reserve_bytes(configs)
     else:
         budget = configs.cache.cpu_kv_cache_bytes
     blocks = budget // kv_block_bytes(configs)

@@ -70,7 +70,7 @@ def fused_add_rms_norm(
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """The model's own torch function (transformers' LlamaRMSNorm), so parity means parity with the model."""
-    from bento_pagedllm.models.llama import rms_norm as model_rms_norm  # NOTE: lazy, the model may import us
+    from bento_pagedllm.models.ops import rms_norm as model_rms_norm  # NOTE: lazy, the model may import us
 
     return model_rms_norm(x, weight, eps)
 

@@ -84,7 +84,7 @@ def apply_rotary(
 
 def apply_rotary_ref(q, k, positions, cos, sin):
     """The model's own torch path: tables looked up and rounded to the dtype, then rotate-half."""
-    from bento_pagedllm.models.llama import apply_rotary as model_apply_rotary  # NOTE: lazy, see rms_norm_ref
+    from bento_pagedllm.models.ops import rotate_half_apply as model_apply_rotary  # NOTE: lazy, see rms_norm_ref
 
     cos = cos[positions].to(q.dtype)[:, None, :]  # [num_tokens, 1, head_dim]
     sin = sin[positions].to(q.dtype)[:, None, :]

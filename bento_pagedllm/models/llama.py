@@ -14,16 +14,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ..attention import AttentionMetadata, TorchAttentionBackend
+from ..attention import AttentionMetadata
 from ..config import ModelConfig
 from .cpu_linear import CpuLinear
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm: normalise in float32, cast back, then scale."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+from .ops import TorchOps, TritonOps, attention_backend_for, ops_for
 
 
 def rotary_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -55,20 +49,6 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for a step's positions, [num_tokens, 1, head_dim]; looked up once per step."""
-        return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
-
-
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    # q: [num_tokens, num_heads, head_dim], k: [num_tokens, num_kv_heads, head_dim]
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
@@ -87,21 +67,21 @@ class LlamaDecoderLayer(nn.Module):
         self.gate_up_proj = nn.Linear(h, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, h, bias=False)
 
-    def forward(self, hidden, rotary_tables, kv_cache, meta: AttentionMetadata, backend):
+    def forward(self, hidden, residual, rotary_context, kv_cache, meta: AttentionMetadata, ops, backend):
+        """hidden: the previous layer's output, residual: the running sum before it (None at layer 0).
+        Returns the same pair for the next layer (the add is fused into the next norm)."""
         num_tokens = hidden.shape[0]
-        residual = hidden  # [num_tokens, hidden]
-        hidden = rms_norm(hidden, self.input_layernorm, self.eps)
+        hidden, residual = ops.add_rms_norm(hidden, residual, self.input_layernorm, self.eps)
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, k, *rotary_tables)
+        q, k = ops.apply_rotary(q, k, rotary_context)
         attn = backend.forward(q, k, v, kv_cache, meta, self.scale)  # [num_tokens, num_heads, head_dim]
-        hidden = residual + self.o_proj(attn.reshape(num_tokens, self.q_size))
-        residual = hidden
-        hidden = rms_norm(hidden, self.post_attention_layernorm, self.eps)
-        gate, up = self.gate_up_proj(hidden).chunk(2, dim=-1)  # [num_tokens, intermediate] each
-        return residual + self.down_proj(nn.functional.silu(gate) * up)
+        hidden = self.o_proj(attn.reshape(num_tokens, self.q_size))
+        hidden, residual = ops.add_rms_norm(hidden, residual, self.post_attention_layernorm, self.eps)
+        hidden = self.down_proj(ops.silu_and_mul(self.gate_up_proj(hidden)))  # [num_tokens, hidden]
+        return hidden, residual
 
 
 # transformers name suffix -> (our parameter, which shard of a fused matrix)
@@ -121,10 +101,12 @@ _RENAMED = {
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, max_positions: int, backend=None) -> None:
+    def __init__(self, config: ModelConfig, max_positions: int, device: torch.device | None = None) -> None:
         super().__init__()
         self.config = config
-        self.backend = backend or TorchAttentionBackend()
+        device = device or torch.device("cpu")
+        self.ops: TorchOps | TritonOps = ops_for(device)
+        self.backend = attention_backend_for(device)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
@@ -146,14 +128,15 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
-        rotary_tables = self.rotary.tables(positions, hidden.dtype)
+        rotary = self.ops.rotary_context(positions, self.rotary.cos, self.rotary.sin, hidden.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(hidden, rotary_tables, kv_cache, meta, self.backend)
-        return hidden
+            hidden, residual = layer(hidden, residual, rotary, kv_cache, meta, self.ops, self.backend)
+        return residual + hidden  # [num_tokens, hidden], before the final norm
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [num_rows, hidden] (already only the rows that need logits) -> [num_rows, vocab]."""
-        hidden = rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+        hidden = self.ops.add_rms_norm(hidden, None, self.norm, self.config.rms_norm_eps)[0]
         if self.cpu_lm_head is not None:
             return self.cpu_lm_head(hidden)
         return nn.functional.linear(hidden, self.lm_head_weight)

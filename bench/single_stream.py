@@ -1,0 +1,148 @@
+"""GPU single-stream decode: the engine, transformers' generate (static cache; eager and compiled) and
+the memory roofline, in one run on one GPU. Random (dummy) bfloat16 weights.
+
+A 128-token prompt, 256 greedy tokens with eos ignored. Time to first token and decode tokens/s
+(first token excluded) are the median of --runs runs after a warm-up. The roofline is weight bytes /
+the bandwidth of a large on-device copy (bytes read + written per second).
+
+    python bench/single_stream.py --models llama2-7b llama3-8b smollm2-135m --peers eager,compile \
+        --out bench/results/single_stream.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+
+SHAPES = {
+    "llama2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+                      rms_norm_eps=1e-5, rope_theta=10000.0),
+    "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                      num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                      rms_norm_eps=1e-5, rope_theta=500000.0),
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True),
+}
+PROMPT, NEW = 128, 256
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per second by a 4 GiB device-to-device copy."""
+    src = torch.empty(1 << 30, dtype=torch.float32, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / 10
+    del src, dst
+    return 2 * (1 << 32) / seconds
+
+
+def config_dir(shape: dict) -> str:
+    path = tempfile.mkdtemp()
+    cfg = dict(shape, architectures=["LlamaForCausalLM"], model_type="llama", torch_dtype="bfloat16",
+               bos_token_id=1, eos_token_id=2, tie_word_embeddings=shape.get("tie_word_embeddings", False))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def bench_engine(path: str, prompt: list[int], runs: int) -> dict:
+    from bento_pagedllm import LLM, SamplingParams
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    llm = LLM(path, load_format="dummy", dtype="bfloat16", device="cuda")
+    torch.cuda.synchronize()
+    startup = time.perf_counter() - start
+    params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
+    llm.generate([prompt], params)
+    ttft, decode = [], []
+    for _ in range(runs):
+        m = llm.generate([prompt], params)[0].metrics
+        ttft.append(m.first_token_time - m.arrival_time)
+        decode.append((NEW - 1) / (m.finished_time - m.first_token_time))
+    result = {"startup_s": startup, "ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode)}
+    del llm
+    torch.cuda.empty_cache()
+    return result
+
+
+def bench_transformers(path: str, prompt: list[int], runs: int, compiled: bool) -> dict:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.bfloat16).cuda().eval()
+    if compiled:
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    ids = torch.tensor([prompt], device="cuda")
+
+    def generate(new: int) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+                       cache_implementation="static")
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    start = time.perf_counter()
+    generate(NEW)  # warm-up (and compilation)
+    generate(1)
+    warmup = time.perf_counter() - start
+    ttft, decode = [], []
+    for _ in range(runs):
+        first = generate(1)
+        full = generate(NEW)
+        ttft.append(first)
+        decode.append((NEW - 1) / (full - first))
+    del model
+    torch.cuda.empty_cache()
+    return {"warmup_s": warmup, "ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", nargs="+", default=list(SHAPES))
+    parser.add_argument("--peers", default="eager,compile", help="transformers paths to run: eager,compile or none")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    bandwidth = copy_bandwidth()
+    prompt = torch.randint(100, 30000, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
+    results = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+               "torch": torch.__version__, "copy_bandwidth_tbs": bandwidth / 1e12, "models": {}}
+    for name in args.models:
+        path = config_dir(SHAPES[name])
+        from bento_pagedllm.config import ModelConfig
+
+        weight_bytes = ModelConfig.from_hf_config(json.load(open(os.path.join(path, "config.json")))).num_parameters() * 2
+        entry = {"weight_bytes": weight_bytes, "roofline_tok_s": bandwidth / weight_bytes}
+        entry["engine"] = bench_engine(path, prompt, args.runs)
+        for peer in [p for p in args.peers.split(",") if p in ("eager", "compile")]:
+            entry[f"transformers_{peer}"] = bench_transformers(path, prompt, args.runs, compiled=peer == "compile")
+        ours = entry["engine"]["decode_tok_s"]
+        entry["ratios"] = {"engine_vs_roofline": ours / entry["roofline_tok_s"], **{
+            f"engine_vs_{k}": ours / v["decode_tok_s"] for k, v in entry.items() if k.startswith("transformers_")}}
+        results["models"][name] = entry
+        print(json.dumps({name: entry}, indent=2), flush=True)
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
