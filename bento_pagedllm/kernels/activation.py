@@ -33,6 +33,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if num_tokens:
         _silu_and_mul_kernel[(num_tokens, triton.cdiv(inter, block))](
             x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4,
+            enable_fp_fusion=False,  # NOTE: keep each rounding torch does (see rotary.py)
         )
     return out
 

@@ -26,7 +26,7 @@ def dot_precision(dtype: torch.dtype) -> str:
 @triton.jit
 def attend_kv_tile(
     acc, m_i, l_i,  # running output [M, HEAD_DIM] fp32, max [M] and sum [M] fp32
-    q,  # [M, HEAD_DIM], the program's query rows
+    q,  # [M, HEAD_DIM], the program's query rows (M >= 16: tl.dot's smallest shape)
     q_pos,  # [M] int32, the last key position each row may see (its own position)
     start, kv_end,  # the tile covers keys [start, start + BLOCK_N); keys >= kv_end do not exist
     k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
@@ -34,7 +34,6 @@ def attend_kv_tile(
     qk_scale,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     MASKED: tl.constexpr,  # False: every key of the tile exists and every row sees it (no masks at all)
-    USE_DOT: tl.constexpr,  # tensor cores (M >= 16 rows) or a broadcast multiply-reduce (tiny M)
     DOT_PRECISION: tl.constexpr,
 ):
     keys = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] token positions
@@ -55,11 +54,7 @@ def attend_kv_tile(
         k = tl.load(k_cache_ptr + k_rows[None, :] + dims[:, None])
         v = tl.load(v_cache_ptr + v_rows[:, None] + dims[None, :])  # [BLOCK_N, HEAD_DIM]
 
-    if USE_DOT:
-        s = tl.dot(q, k, input_precision=DOT_PRECISION)  # [M, BLOCK_N] fp32
-    else:
-        s = tl.sum(q.to(tl.float32)[:, :, None] * k.to(tl.float32)[None, :, :], axis=1)
-    s = s * qk_scale
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [M, BLOCK_N] fp32
     if MASKED:
         # NOTE: keys past kv_end are also past every valid row's position, so the causal test covers them.
         s = tl.where(keys[None, :] <= q_pos[:, None], s, float("-inf"))
@@ -70,8 +65,5 @@ def attend_kv_tile(
     alpha = tl.exp2(m_i - m_new)  # [M], rescales what was accumulated under the old max
     p = tl.exp2(s - m_new[:, None])  # [M, BLOCK_N]
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    if USE_DOT:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    else:
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i

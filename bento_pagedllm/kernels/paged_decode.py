@@ -4,8 +4,9 @@ Decode reads the whole KV cache of the batch for a few FLOPs per byte, so the de
 occupancy (tuned for an H200: bf16, head_dim 128, block size 16, GQA 4):
 - one program serves one KV head and ALL the query heads that share it, so each K/V tile is read once
   per KV head, not once per query head; the group's queries are the rows of one tl.dot, padded to 16
-  rows (the smallest MMA shape). Multi-head attention (group 1) would waste 15 of those 16 rows, so it
-  multiplies and reduces in registers instead.
+  rows (the smallest MMA shape). NOTE: even multi-head attention (group 1, 15 of 16 rows wasted) goes
+  through tl.dot: on an H200, Llama-2-7B shapes read the cache at 4.3 TB/s that way against 3.4 TB/s
+  for a multiply-and-reduce in registers (64 x 2048 tokens; 3.5 against 2.0 for 1 x 32768).
 - the context is split across programs (flash-decoding), so that a small batch of long sequences still
   fills the GPU's multiprocessors; each split leaves a partial (max, sum, unnormalised output) and a
   second, small kernel combines them. With a single split the first kernel writes the output itself.
@@ -21,8 +22,6 @@ import triton.language as tl
 
 from .attention_tile import LOG2E, attend_kv_tile, dot_precision
 
-# Smallest query group that goes through tl.dot (padded to 16 rows); smaller groups reduce in registers.
-MIN_GROUP_FOR_DOT = 2
 # A split should read at least this many tokens, or the combine step costs more than the split saves.
 MIN_TOKENS_PER_SPLIT = 256
 MAX_SPLITS = 64
@@ -36,15 +35,28 @@ def _num_multiprocessors(device: torch.device) -> int:
 
 
 def choose_num_splits(max_seq_len: int, num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
-    """Splits per sequence so the grid (seqs x KV heads x splits) covers ~2 waves of multiprocessors.
+    """Splits per sequence: one when seqs x KV heads already fill two waves of multiprocessors, else
+    enough for about four waves, but never pieces shorter than MIN_TOKENS_PER_SPLIT.
 
-    A large batch fills the GPU by itself (one split, no combine kernel); a few long contexts get split,
-    but never into pieces shorter than MIN_TOKENS_PER_SPLIT.
+    NOTE: measured on an H200 (bf16, Llama-3-8B shapes): 64 x 2048 tokens read 3.9 TB/s unsplit and less
+    split; 8 x 4096 peaks near 8 splits (2.7 TB/s, 1.1 unsplit); 1 x 32768 near 64 (2.6 TB/s, 0.16).
     """
     programs = num_seqs * num_kv_heads
-    wanted = triton.cdiv(2 * _num_multiprocessors(device), programs)
+    sms = _num_multiprocessors(device)
+    if programs >= 2 * sms:
+        return 1
+    wanted = triton.cdiv(4 * sms, programs)
     by_length = triton.cdiv(max_seq_len, MIN_TOKENS_PER_SPLIT)
     return max(1, min(wanted, by_length, MAX_SPLITS))
+
+
+def _tile_config(head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_N keys per tile, num_warps, num_stages) of the split kernel.
+
+    NOTE: measured on an H200 at head_dim 128: 64 keys, 4 warps, 2 stages led or tied 128 keys, 32 keys,
+    3 stages and 8 warps on every batch shape tried.
+    """
+    return (64 if head_dim <= 128 else 32), 4, 2
 
 
 @triton.jit
@@ -56,7 +68,7 @@ def _decode_split_kernel(
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_bt, stride_os, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, USE_DOT: tl.constexpr, SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -85,13 +97,13 @@ def _decode_split_kernel(
         acc, m_i, l_i = attend_kv_tile(
             acc, m_i, l_i, q, q_pos, tile, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, USE_DOT, DOT_PRECISION,
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, DOT_PRECISION,
         )
     if full_end < end:  # the ragged last tile
         acc, m_i, l_i = attend_kv_tile(
             acc, m_i, l_i, q, q_pos, full_end, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
             stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, USE_DOT, DOT_PRECISION,
+            BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, DOT_PRECISION,
         )
 
     if SINGLE_SPLIT:
@@ -156,8 +168,8 @@ def paged_decode_attention(
     if num_splits is None:
         num_splits = choose_num_splits(block_tables.shape[1] * block_size, num_seqs, num_kv_heads, q.device)
     group = num_heads // num_kv_heads
-    use_dot = group >= MIN_GROUP_FOR_DOT
-    group_pad = max(16, triton.next_power_of_2(group)) if use_dot else triton.next_power_of_2(group)
+    group_pad = max(16, triton.next_power_of_2(group))  # NOTE: tl.dot needs >= 16 rows
+    block_n, num_warps, num_stages = _tile_config(head_dim)
     single = num_splits == 1
     if single:  # NOTE: unused by the kernel, but it needs pointers
         part_out = part_max = part_sum = out
@@ -172,9 +184,8 @@ def paged_decode_attention(
         q.stride(0), q.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_N=64 if head_dim <= 128 else 32, USE_DOT=use_dot, SINGLE_SPLIT=single,
-        DOT_PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
+        GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        SINGLE_SPLIT=single, DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     if not single:
         _decode_combine_kernel[(num_seqs, num_heads)](

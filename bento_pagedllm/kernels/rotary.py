@@ -3,7 +3,9 @@
 For a head vector x = [x1, x2] (halves) at position p: out = x * cos[p] + [-x2, x1] * sin[p], with the
 tables [max_pos, head_dim] as models/llama.py builds them (cat(freqs, freqs)). Numerics follow the eager
 model: the float32 tables are rounded to the input dtype, and each product and the sum are rounded too,
-so the kernel reproduces torch's bits in bfloat16/float16.
+so the kernel reproduces torch's bits in bfloat16/float16. NOTE: that needs `enable_fp_fusion=False`:
+Triton turns the float32 round trips into 16-bit multiplies and adds (exact, as the products fit in
+float32) but would then fuse one product into an FMA and skip its rounding (seen on an H200).
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def apply_rotary(
             NUM_HEADS=num_heads, HEADS_PAD=triton.next_power_of_2(num_heads),
             NUM_KV_HEADS=num_kv_heads, KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads),
             HALF=head_dim // 2, num_warps=4,
+            enable_fp_fusion=False,  # NOTE: a fused multiply-add would skip a rounding torch does
         )
     return q_out, k_out
 

@@ -18,7 +18,6 @@ import json
 import logging
 import time
 import uuid
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
@@ -34,11 +33,11 @@ from starlette.types import Receive, Scope, Send
 
 from ..async_engine import AsyncLLMEngine
 from ..engine import RequestError
-from ..outputs import CompletionOutput, RequestOutput
+from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
-from ..sequence import TokenLogprob
 from . import errors
 from .errors import OpenAIError
+from .formats import _ChatFormat, _CompletionFormat, _finish_reason, _Format, _Prompt, _token_texts
 from .protocol import FIELD_NAMES, ChatCompletionRequest, CompletionRequest
 
 try:
@@ -49,7 +48,6 @@ except ImportError:  # pragma: no cover - transformers needs jinja2 for chat tem
 logger = logging.getLogger(__name__)
 
 LONG_INPUT_CHARS = 2048  # tokenize longer inputs in a worker thread, off the event loop
-MIN_LOGPROB = -9999.0  # JSON has no -inf
 T = TypeVar("T")
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -82,12 +80,6 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 
 # ---- one request, parsed ---------------------------------------------------------------------------
-
-
-@dataclass
-class _Prompt:
-    token_ids: list[int]
-    text: str | None  # as given, for echo; None for token-id prompts
 
 
 @dataclass
@@ -442,10 +434,6 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def _finish_reason(choice: CompletionOutput) -> str | None:
-    return choice.finish_reason  # the engine already uses OpenAI's names: "stop", "length"
-
-
 # ---- Server-Sent Events ------------------------------------------------------------------------------
 
 
@@ -523,219 +511,3 @@ class _SSEResponse(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
-# ---- what differs between completions and chat -------------------------------------------------------
-
-
-class _Format:
-    object: str
-    chunk_object: str
-
-    def __init__(self, texts: "_TokenTexts") -> None:
-        self.texts = texts
-
-    def opening(self, index: int, prompt: _Prompt) -> dict[str, Any] | None:
-        """The choice's first streamed chunk, if it has one."""
-        return None
-
-    def delta(self, index: int, choice: CompletionOutput) -> dict[str, Any] | None:
-        """What one engine step added to the choice, or None if nothing worth a chunk."""
-        raise NotImplementedError
-
-    def finish(self, index: int, reason: str | None) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def choice(self, index: int, prompt: _Prompt, choice: CompletionOutput) -> dict[str, Any]:
-        """The whole choice, in a non-streamed answer."""
-        raise NotImplementedError
-
-
-class _ChatFormat(_Format):
-    object = "chat.completion"
-    chunk_object = "chat.completion.chunk"
-
-    def __init__(self, texts: "_TokenTexts", logprobs: bool) -> None:
-        super().__init__(texts)
-        self.logprobs = logprobs
-
-    def opening(self, index: int, prompt: _Prompt) -> dict[str, Any]:
-        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                "finish_reason": None}
-
-    def delta(self, index: int, choice: CompletionOutput) -> dict[str, Any] | None:
-        logprobs = choice.delta_logprobs if self.logprobs else None
-        if not choice.delta_text and not logprobs:
-            return None
-        return {"index": index, "delta": {"content": choice.delta_text}, "logprobs": self._logprobs(logprobs),
-                "finish_reason": None}
-
-    def finish(self, index: int, reason: str | None) -> dict[str, Any]:
-        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
-
-    def choice(self, index: int, prompt: _Prompt, choice: CompletionOutput) -> dict[str, Any]:
-        return {
-            "index": index,
-            "message": {"role": "assistant", "content": choice.text, "refusal": None},
-            "logprobs": self._logprobs(choice.logprobs if self.logprobs else None),
-            "finish_reason": _finish_reason(choice),
-        }
-
-    def _logprobs(self, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
-        if logprobs is None:
-            return None
-        return {
-            "content": [
-                {**self._token(lp.token_id, lp.logprob),
-                 "top_logprobs": [self._token(token_id, logprob) for token_id, logprob in lp.top]}
-                for lp in logprobs
-            ],
-            "refusal": None,
-        }
-
-    def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
-        text, raw = self.texts.get(token_id)
-        return {"token": text, "logprob": max(logprob, MIN_LOGPROB), "bytes": list(raw)}
-
-
-class _CompletionFormat(_Format):
-    object = "text_completion"
-    chunk_object = "text_completion"
-
-    def __init__(self, texts: "_TokenTexts", logprobs: int | None, echo: bool) -> None:
-        super().__init__(texts)
-        self.logprobs = logprobs
-        self.echo = echo
-        self._offsets: dict[int, int] = {}  # per choice: text_offset of its next token
-
-    def _echo(self, index: int, prompt: _Prompt) -> str:
-        text = ""
-        if self.echo:
-            text = prompt.text if prompt.text is not None else self.texts.decode(prompt.token_ids)
-        self._offsets[index] = len(text)
-        return text
-
-    def opening(self, index: int, prompt: _Prompt) -> dict[str, Any] | None:
-        text = self._echo(index, prompt)
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": None} if text else None
-
-    def delta(self, index: int, choice: CompletionOutput) -> dict[str, Any] | None:
-        logprobs = choice.delta_logprobs if self.logprobs is not None else None
-        if not choice.delta_text and not logprobs:
-            return None
-        return {"index": index, "text": choice.delta_text, "logprobs": self._logprobs(index, logprobs),
-                "finish_reason": None}
-
-    def finish(self, index: int, reason: str | None) -> dict[str, Any]:
-        return {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
-
-    def choice(self, index: int, prompt: _Prompt, choice: CompletionOutput) -> dict[str, Any]:
-        echo = self._echo(index, prompt)
-        return {
-            "index": index,
-            "text": echo + choice.text,
-            "logprobs": self._logprobs(index, choice.logprobs if self.logprobs is not None else None),
-            "finish_reason": _finish_reason(choice),
-        }
-
-    def _logprobs(self, index: int, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
-        if logprobs is None:
-            return None
-        tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
-        offset = self._offsets.get(index, 0)
-        for lp in logprobs:
-            text = self.texts.get(lp.token_id)[0]
-            chosen = max(lp.logprob, MIN_LOGPROB)
-            top = {self.texts.get(token_id)[0]: max(logprob, MIN_LOGPROB) for token_id, logprob in lp.top}
-            top.setdefault(text, chosen)  # the chosen token is always listed, as in OpenAI's answers
-            tokens.append(text)
-            token_logprobs.append(chosen)
-            top_logprobs.append(top)
-            text_offset.append(offset)
-            offset += len(text)
-        self._offsets[index] = offset
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-                "text_offset": text_offset}
-
-
-# ---- how logprobs name tokens ------------------------------------------------------------------------
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: each byte as the printable character byte-level BPE vocabularies use."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return dict(zip(printable, map(chr, chars)))
-
-
-_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
-
-
-class _TokenTexts:
-    """A token's raw bytes and its text (OpenAI writes a token that is not valid UTF-8 alone as
-    `bytes:\\xe2\\x80`), cached per token id."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self._cache: dict[int, tuple[str, bytes]] = {}
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        self._byte_level = backend is not None and "ByteLevel" in str(backend.decoder)
-        self._added = set(getattr(tokenizer, "added_tokens_decoder", {}) or {})
-
-    def decode(self, token_ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
-
-    def get(self, token_id: int) -> tuple[str, bytes]:
-        cached = self._cache.get(token_id)
-        if cached is None:
-            raw = self._raw(token_id)
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
-            cached = self._cache[token_id] = (text, raw)
-        return cached
-
-    def _raw(self, token_id: int) -> bytes:
-        if self.tokenizer is None:
-            return f"token_id:{token_id}".encode()
-        piece = self.tokenizer.convert_ids_to_tokens(token_id)
-        if piece is None:
-            return b""
-        if token_id in self._added:
-            return piece.encode()
-        if self._byte_level:
-            try:
-                return bytes(_BYTE_DECODER[c] for c in piece)
-            except KeyError:
-                pass
-        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):  # SentencePiece byte fallback
-            try:
-                return bytes([int(piece[3:5], 16)])
-            except ValueError:
-                pass
-        if "\u2581" in piece:  # SentencePiece's word boundary
-            return piece.replace("\u2581", " ").encode()
-        return self.tokenizer.decode([token_id]).encode()
-
-
-_TEXTS: weakref.WeakKeyDictionary[Any, _TokenTexts] = weakref.WeakKeyDictionary()
-
-
-def _token_texts(tokenizer: Any) -> _TokenTexts:
-    if tokenizer is None:
-        return _TokenTexts(None)
-    try:
-        texts = _TEXTS.get(tokenizer)
-        if texts is None:
-            texts = _TEXTS[tokenizer] = _TokenTexts(tokenizer)
-        return texts
-    except TypeError:  # not weak-referenceable or not hashable: no cache across requests
-        return _TokenTexts(tokenizer)
