@@ -25,7 +25,6 @@ from bento_pagedllm.loader import (
     DEFAULT_MODEL_FILE,
     ModelSource,
     convert_gguf_to_hf,
-    default_model_path,
     gguf_tokenizer_dir,
     iter_gguf_weights,
     iter_hf_weights,
