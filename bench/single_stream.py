@@ -76,7 +76,9 @@ def bench_engine(path: str, prompt: list[int], runs: int) -> dict:
         m = llm.generate([prompt], params)[0].metrics
         ttft.append(m.first_token_time - m.arrival_time)
         decode.append((NEW - 1) / (m.finished_time - m.first_token_time))
-    result = {"startup_s": startup, "ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode)}
+    graphs = llm.engine.runner.graphs
+    result = {"startup_s": startup, "graph_capture_s": graphs.capture_seconds if graphs else None,
+              "ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode)}
     del llm
     torch.cuda.empty_cache()
     return result

@@ -204,6 +204,7 @@ class EngineConfigs:
     device: DeviceConfig
     model_path: str
     load_format: str
+    cuda_graph_max_batch: int = 0  # decode graphs for batches up to this size; 0: none (CPU, eager)
 
 
 @dataclass
@@ -226,6 +227,8 @@ class EngineArgs:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     seed: int = 0
+    enforce_eager: bool = False  # on CUDA: no decode graphs (debugging, or to save capture time)
+    max_graph_batch: int = 256
     hf_config_overrides: dict[str, Any] = field(default_factory=dict)
 
     def resolve_device(self) -> torch.device:
@@ -264,4 +267,6 @@ class EngineArgs:
             device=DeviceConfig(device=device, dtype=self.resolve_dtype(device), seed=self.seed),
             model_path=model_path,
             load_format=self.load_format,
+            cuda_graph_max_batch=min(self.max_num_seqs, self.max_graph_batch)
+            if device.type == "cuda" and not self.enforce_eager else 0,
         )

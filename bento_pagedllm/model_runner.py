@@ -7,6 +7,7 @@ engine step, whatever mix of prefill chunks, decodes and recomputes the plan hol
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 
 import torch
 
@@ -71,47 +72,62 @@ class ModelRunner:
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(m.num_hidden_layers)]
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_blocks, self.block_size,
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
+        self.graphs = None
+        if configs.cuda_graph_max_batch:
+            from .cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(
+                model, self.kv_caches, max_batch=configs.cuda_graph_max_batch,
+                max_model_len=configs.scheduler.max_model_len, block_size=self.block_size, device=self.device,
+            )
+            self.graphs.capture()
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> list[TokenLogprob]:
         """Run one step; return the sampled token of each of the plan's sampling rows, in order."""
         for src, dst in plan.block_copies:
             self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
-        input_ids, positions, meta, logits_indices = self._prepare(plan)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+        host = self._host_inputs(plan)
+        if self.graphs is not None and host.all_decode and self.graphs.fits(len(plan.seqs)):
+            # NOTE: every decode computes logits, in plan order: the graph's rows are the logit rows
+            hidden = self.graphs.run(host.input_ids, host.positions, host.slots, host.seq_lens, host.tables)
+        else:
+            input_ids, positions, meta, logits_indices = self._device_inputs(host)
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+            hidden = hidden[logits_indices]
         if not plan.sampling_rows:
             return []
-        logits = self.model.compute_logits(hidden[logits_indices])  # [num_logit_rows, vocab]
+        logits = self.model.compute_logits(hidden)  # [num_logit_rows, vocab]
         rows = plan.sampling_rows
         if len(rows) != logits.shape[0]:  # forked choices share their prompt's logits row
             logits = logits[torch.tensor([r.logits_index for r in rows], device=self.device)]
         batch = SamplingBatch.from_rows(rows, self.configs.model.vocab_size, self.device)
         return sample(logits, batch).to_host(rows)
 
-    def _prepare(self, plan: StepPlan):
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_lens: list[int] = []
-        seq_lens: list[int] = []
-        logits_indices: list[int] = []
+    def _host_inputs(self, plan: StepPlan) -> "HostInputs":
+        """The step's inputs as host lists: token ids, positions, cache slots, lengths, block tables."""
+        host = HostInputs()
         bs = self.block_size
         for seq in plan.seqs:
             n = len(seq.token_ids)
-            input_ids += seq.token_ids
+            host.input_ids += seq.token_ids
             span = range(seq.start_pos, seq.start_pos + n)
-            positions += span
+            host.positions += span
             table = seq.block_table
-            slots += [table[p // bs] * bs + p % bs for p in span]
-            query_lens.append(n)
-            seq_lens.append(seq.start_pos + n)
+            host.slots += [table[p // bs] * bs + p % bs for p in span]
+            host.query_lens.append(n)
+            host.seq_lens.append(seq.start_pos + n)
             if seq.compute_logits:
-                logits_indices.append(len(input_ids) - 1)
-        max_blocks = max(len(s.block_table) for s in plan.seqs)
-        tables = [list(s.block_table) + [0] * (max_blocks - len(s.block_table)) for s in plan.seqs]
-        decode = [i for i, n in enumerate(query_lens) if n == 1]
+                host.logits_indices.append(len(host.input_ids) - 1)
+        width = max(len(s.block_table) for s in plan.seqs)
+        host.tables = [list(s.block_table) + [0] * (width - len(s.block_table)) for s in plan.seqs]
+        host.all_decode = all(n == 1 for n in host.query_lens)
+        return host
+
+    def _device_inputs(self, host: "HostInputs"):
+        decode = [i for i, n in enumerate(host.query_lens) if n == 1]
         starts = [0]
-        for n in query_lens:
+        for n in host.query_lens:
             starts.append(starts[-1] + n)
         dev = self.device
 
@@ -119,14 +135,27 @@ class ModelRunner:
             return torch.tensor(values, dtype=dtype, device=dev)
 
         meta = AttentionMetadata(
-            slot_mapping=tensor(slots, torch.int64),
+            slot_mapping=tensor(host.slots, torch.int64),
             query_start_loc=tensor(starts, torch.int32),
-            seq_lens=tensor(seq_lens, torch.int32),
-            block_tables=tensor(tables, torch.int32),
-            query_lens_host=tuple(query_lens),
-            seq_lens_host=tuple(seq_lens),
+            seq_lens=tensor(host.seq_lens, torch.int32),
+            block_tables=tensor(host.tables, torch.int32),
+            query_lens_host=tuple(host.query_lens),
+            seq_lens_host=tuple(host.seq_lens),
             decode_indices=tensor(decode, torch.int64),
             decode_token_indices=tensor([starts[i] for i in decode], torch.int64),
             decode_indices_host=tuple(decode),
         )
-        return tensor(input_ids, torch.int64), tensor(positions, torch.int64), meta, tensor(logits_indices, torch.int64)
+        return (tensor(host.input_ids, torch.int64), tensor(host.positions, torch.int64), meta,
+                tensor(host.logits_indices, torch.int64))
+
+
+@dataclass
+class HostInputs:
+    input_ids: list[int] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    query_lens: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    logits_indices: list[int] = field(default_factory=list)
+    tables: list[list[int]] = field(default_factory=list)
+    all_decode: bool = False

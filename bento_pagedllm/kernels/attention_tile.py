@@ -59,8 +59,8 @@ def attend_kv_tile(
         # NOTE: keys past kv_end are also past every valid row's position, so the causal test covers them.
         s = tl.where(keys[None, :] <= q_pos[:, None], s, float("-inf"))
 
-    # NOTE: every row sees key 0 (its position is >= 0), and tiles run in key order, so m_new is finite
-    # from the first tile on: no -inf - -inf.
+    # NOTE: every row sees the first key of its program's first tile (a prefill row sees key 0; a decode
+    # split starts below its end), so m_new is finite from the first tile on: no -inf - -inf.
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)  # [M], rescales what was accumulated under the old max
     p = tl.exp2(s - m_new[:, None])  # [M, BLOCK_N]

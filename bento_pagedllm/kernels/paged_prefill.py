@@ -66,7 +66,8 @@ def _prefill_kernel(
     heads = kv_head * GROUP + rows % GROUP  # [BLOCK_M]
     row_valid = (rows < BLOCK_Q * GROUP) & (tokens < q_len)
     q_rows = (q_begin + tokens).to(tl.int64) * stride_qt + heads * stride_qh
-    q = tl.load(q_ptr + q_rows[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)  # [BLOCK_M, HEAD_DIM]
+    # [BLOCK_M, HEAD_DIM]
+    q = tl.load(q_ptr + q_rows[:, None] + dims[None, :], mask=row_valid[:, None], other=0.0)
     q_pos = prefix + tokens  # [BLOCK_M] each row's own position: it sees keys 0..q_pos
 
     first_pos = prefix + local_tile * BLOCK_Q  # the tile's first query position
@@ -92,7 +93,8 @@ def _prefill_kernel(
 
     out = acc / l_i[:, None]
     out_rows = (q_begin + tokens).to(tl.int64) * stride_ot + heads * stride_oh
-    tl.store(out_ptr + out_rows[:, None] + dims[None, :], out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+    out_ptrs = out_ptr + out_rows[:, None] + dims[None, :]
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
 def _tile_config(max_query_len: int, group: int) -> tuple[int, int, int, int]:

@@ -52,12 +52,12 @@ def reference(model_dir, dtype):
     return out
 
 
-def run_engine(model_dir, dtype):
+def run_engine(model_dir, dtype, **engine_kwargs):
     from bento_pagedllm import LLMEngine, EngineArgs, SamplingParams
 
     # a small cache and token budget: preemption and chunked prefill happen, as in the CPU parity tests
     engine = LLMEngine(EngineArgs(model=model_dir, dtype=dtype, device="cuda", num_kv_blocks=48,
-                                  max_model_len=768, max_num_batched_tokens=64))
+                                  max_model_len=768, max_num_batched_tokens=64, **engine_kwargs))
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True)
     for i, ids in enumerate(prompts()):
         engine.add_request(f"p{i}", ids, params)
@@ -72,7 +72,9 @@ def run_engine(model_dir, dtype):
 
 
 def test_float32_greedy_matches_transformers_exactly(tiny_dir):
-    ours = run_engine(tiny_dir, "float32")
+    ours = run_engine(tiny_dir, "float32")  # decode steps replay CUDA graphs
+    eager = run_engine(tiny_dir, "float32", enforce_eager=True)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in eager]
     for out, (tokens, logprobs) in zip(ours, reference(tiny_dir, torch.float32)):
         assert out.token_ids == tokens
         assert max(abs(a.logprob - b) for a, b in zip(out.logprobs, logprobs)) < 1e-3

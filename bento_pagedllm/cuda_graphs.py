@@ -1,0 +1,121 @@
+"""Decode steps replayed from CUDA graphs: one graph per batch size of a ladder, padded up to the next.
+
+A decode step of a small model is hundreds of kernel launches whose host-side cost (Triton's launcher
+especially) dwarfs the GPU time; replaying a captured graph costs one launch. Every graph reads its
+inputs from the same static buffers, which the runner fills before each replay.
+
+NOTE: invariants that make a padded replay safe:
+- padding rows have slot -1 (the cache write skips them), context length 1 and position 0, and their
+  outputs are dropped; they read valid (if stale) cache memory and never write it;
+- graphs were captured with the block-table width of `max_model_len` and context lengths of
+  `max_model_len`, so every kernel parameter derived from lengths (the decode kernel's split count)
+  covers any real step;
+- the KV cache is allocated before capture and never reallocated (graphs hold its addresses).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from .attention import AttentionMetadata
+
+logger = logging.getLogger(__name__)
+
+
+def batch_size_ladder(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then steps of 8 to 64, then of 16 to 256, then of 32: padding stays under ~15%."""
+    sizes = [1, 2, 4]
+    size = 8
+    while size <= max_batch:
+        sizes.append(size)
+        size += 8 if size < 64 else 16 if size < 256 else 32
+    return [s for s in sizes if s <= max_batch] or [1]
+
+
+class DecodeGraphs:
+    def __init__(self, model, kv_caches, *, max_batch: int, max_model_len: int, block_size: int,
+                 device: torch.device) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.max_model_len = max_model_len
+        self.sizes = batch_size_ladder(max_batch)
+        top = self.sizes[-1]
+        max_blocks = -(-max_model_len // block_size)
+
+        def buffer(*shape, fill=0, dtype=torch.int32):
+            return torch.full(shape, fill, dtype=dtype, device=device)
+
+        # device buffers the graphs read; pinned host twins so each step's inputs go up asynchronously
+        self.input_ids = buffer(top, dtype=torch.int64)
+        self.positions = buffer(top, dtype=torch.int64)
+        self.slot_mapping = buffer(top, fill=-1, dtype=torch.int64)
+        self.seq_lens = buffer(top, fill=1)
+        self.block_tables = buffer(top, max_blocks)
+        self.host = {name: torch.zeros_like(getattr(self, name), device="cpu").pin_memory()
+                     for name in ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables")}
+        self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
+        self.rows = torch.arange(top, dtype=torch.int64, device=device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.capture_seconds = 0.0
+
+    def _metadata(self, batch: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:batch],
+            query_start_loc=self.query_start_loc[: batch + 1],
+            seq_lens=self.seq_lens[:batch],
+            block_tables=self.block_tables[:batch],
+            query_lens_host=(1,) * batch,
+            seq_lens_host=(self.max_model_len,) * batch,
+            decode_indices=self.rows[:batch],
+            decode_token_indices=self.rows[:batch],
+            decode_indices_host=tuple(range(batch)),
+        )
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        start = time.perf_counter()
+        pool = None
+        for batch in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
+            meta = self._metadata(batch)
+            args = (self.input_ids[:batch], self.positions[:batch], self.kv_caches, meta)
+            for _ in range(2):  # warm-up: compiles the kernels, settles the allocator
+                self.model(*args)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = self.model(*args)
+            pool = graph.pool()
+            self.graphs[batch] = (graph, out)
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - start
+        logger.info("captured %d decode graphs (batch 1..%d) in %.1f s", len(self.sizes), self.sizes[-1],
+                    self.capture_seconds)
+
+    def fits(self, num_seqs: int) -> bool:
+        return num_seqs <= self.sizes[-1]
+
+    def run(self, input_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
+            block_tables: list[list[int]]) -> torch.Tensor:
+        """One decode step of n sequences: [n, hidden] (before the final norm) from the padded graph."""
+        n = len(input_ids)
+        batch = next(size for size in self.sizes if size >= n)
+        width = len(block_tables[0])
+        pad = batch - n
+        # NOTE: padding rows write nowhere (slot -1) and attend to one token at position 0
+        values = {
+            "input_ids": input_ids + [0] * pad,
+            "positions": positions + [0] * pad,
+            "slot_mapping": slot_mapping + [-1] * pad,
+            "seq_lens": seq_lens + [1] * pad,
+        }
+        for name, row in values.items():
+            self.host[name][:batch].copy_(torch.tensor(row, dtype=self.host[name].dtype))
+            getattr(self, name)[:batch].copy_(self.host[name][:batch], non_blocking=True)
+        self.host["block_tables"][:n, :width].copy_(torch.tensor(block_tables, dtype=torch.int32))
+        self.block_tables[:n, :width].copy_(self.host["block_tables"][:n, :width], non_blocking=True)
+        graph, out = self.graphs[batch]
+        graph.replay()
+        return out[:n]
