@@ -18,6 +18,10 @@ import torch
 os.environ["BENTOML_HOME"] = tempfile.mkdtemp(prefix="pagedllm-bentoml-")
 os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="pagedllm-prom-"))
 os.environ["BENTOML_DO_NOT_TRACK"] = "True"
+if not torch.cuda.is_available():
+    # NOTE: before any test module imports the kernels: Triton reads it when the kernels are decorated,
+    # and without CUDA they can only run in its interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

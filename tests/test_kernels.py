@@ -6,16 +6,10 @@ only, as the interpreter gets bfloat16 wrong. tests/gpu/test_kernels_gpu.py runs
 model sizes in bfloat16 on a GPU.
 """
 
-import os
 
+import pytest
 import torch
-
-if not torch.cuda.is_available():
-    # NOTE: before anything imports the kernels: Triton reads it when the kernels are decorated
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-from kernel_cases import (  # noqa: E402
+from kernel_cases import (  # NOTE: conftest.py sets TRITON_INTERPRET=1 first when there is no CUDA
     attention_cases,
     check_backends_agree,
     check_decode,
