@@ -16,6 +16,7 @@ from .config import EngineConfigs
 from .models.llama import LlamaForCausalLM
 from .sampler import SamplingBatch, sample
 from .scheduler import StepPlan
+from .transfer import pack_to_device, to_device
 from .sequence import TokenLogprob
 
 logger = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)  # [num_logit_rows, vocab]
         rows = plan.sampling_rows
         if len(rows) != logits.shape[0]:  # forked choices share their prompt's logits row
-            logits = logits[torch.tensor([r.logits_index for r in rows], device=self.device)]
+            logits = logits[to_device(torch.tensor([r.logits_index for r in rows]), self.device)]
         batch = SamplingBatch.from_rows(rows, self.configs.model.vocab_size, self.device)
         return sample(logits, batch).to_host(rows)
 
@@ -129,24 +130,25 @@ class ModelRunner:
         starts = [0]
         for n in host.query_lens:
             starts.append(starts[-1] + n)
-        dev = self.device
-
-        def tensor(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=dev)
-
+        longs = pack_to_device(dict(
+            input_ids=host.input_ids, positions=host.positions, slots=host.slots, logits=host.logits_indices,
+            decode=decode, decode_tokens=[starts[i] for i in decode],
+        ), torch.int64, self.device)
+        ints = pack_to_device(dict(
+            starts=starts, seq_lens=host.seq_lens, tables=[b for table in host.tables for b in table],
+        ), torch.int32, self.device)
         meta = AttentionMetadata(
-            slot_mapping=tensor(host.slots, torch.int64),
-            query_start_loc=tensor(starts, torch.int32),
-            seq_lens=tensor(host.seq_lens, torch.int32),
-            block_tables=tensor(host.tables, torch.int32),
+            slot_mapping=longs["slots"],
+            query_start_loc=ints["starts"],
+            seq_lens=ints["seq_lens"],
+            block_tables=ints["tables"].view(len(host.tables), -1),
             query_lens_host=tuple(host.query_lens),
             seq_lens_host=tuple(host.seq_lens),
-            decode_indices=tensor(decode, torch.int64),
-            decode_token_indices=tensor([starts[i] for i in decode], torch.int64),
+            decode_indices=longs["decode"],
+            decode_token_indices=longs["decode_tokens"],
             decode_indices_host=tuple(decode),
         )
-        return (tensor(host.input_ids, torch.int64), tensor(host.positions, torch.int64), meta,
-                tensor(host.logits_indices, torch.int64))
+        return longs["input_ids"], longs["positions"], meta, longs["logits"]
 
 
 @dataclass

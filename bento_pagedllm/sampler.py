@@ -18,6 +18,7 @@ import torch
 
 from .scheduler import SamplingRow
 from .sequence import TokenLogprob
+from .transfer import to_device
 
 _MASK64 = (1 << 64) - 1
 
@@ -57,47 +58,47 @@ def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: 
 
 @dataclass(frozen=True)
 class SamplingBatch:
-    """The rows' parameters as tensors, built once per step from the plan's sampling rows."""
+    """The rows' parameters as tensors, built once per step from the plan's sampling rows.
 
-    temperature: torch.Tensor  # [rows] float32, 1.0 for greedy rows
-    greedy: torch.Tensor  # [rows] bool
-    top_k: torch.Tensor  # [rows] int64, vocab_size when off
-    top_p: torch.Tensor  # [rows] float32
-    min_p: torch.Tensor  # [rows] float32
-    seeds: torch.Tensor  # [rows] int64
-    positions: torch.Tensor  # [rows] int64, output position of the token being drawn
+    NOTE: an all-greedy batch without penalties (the common serving case) needs no parameter tensors:
+    its tensor fields are None and nothing is copied to the device.
+    """
+
     all_greedy: bool
     any_top_k_or_p: bool
     any_min_p: bool
     penalties: "PenaltyBatch | None"
     num_logprobs: int  # top alternatives to return (max over rows), -1 when no row asks
+    temperature: torch.Tensor | None = None  # [rows] float32, 1.0 for greedy rows
+    top_p: torch.Tensor | None = None  # [rows] float32
+    min_p: torch.Tensor | None = None  # [rows] float32
+    greedy: torch.Tensor | None = None  # [rows] bool
+    top_k: torch.Tensor | None = None  # [rows] int64, vocab_size when off
+    seeds: torch.Tensor | None = None  # [rows] int64
+    positions: torch.Tensor | None = None  # [rows] int64, output position of the token being drawn
 
     @classmethod
     def from_rows(cls, rows: tuple[SamplingRow, ...], vocab_size: int, device: torch.device) -> "SamplingBatch":
         params = [row.params for row in rows]
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
-        top_p = [p.top_p for p in params]
-        min_p = [p.min_p for p in params]
-
-        def tensor(values, dtype):
-            return torch.tensor(values, dtype=dtype, device=device)
-
         asked = [p.logprobs for p in params if p.logprobs is not None]
-        return cls(
-            temperature=tensor([p.temperature if not p.greedy else 1.0 for p in params], torch.float32),
-            greedy=tensor([p.greedy for p in params], torch.bool),
-            top_k=tensor(top_k, torch.int64),
-            top_p=tensor(top_p, torch.float32),
-            min_p=tensor(min_p, torch.float32),
-            seeds=tensor([row.rng_seed for row in rows], torch.int64),
-            positions=tensor([row.output_position for row in rows], torch.int64),
+        flags = dict(
             all_greedy=all(p.greedy for p in params),
-            any_top_k_or_p=any(k < vocab_size for k in top_k) or any(p < 1.0 for p in top_p),
-            any_min_p=any(p > 0.0 for p in min_p),
+            any_top_k_or_p=any(k < vocab_size for k in top_k) or any(p.top_p < 1.0 for p in params),
+            any_min_p=any(p.min_p > 0.0 for p in params),
             penalties=PenaltyBatch.from_rows(rows, vocab_size, device) if any(p.uses_penalties for p in params)
             else None,
             num_logprobs=max(asked) if asked else -1,
         )
+        if flags["all_greedy"]:
+            return cls(**flags)
+        floats = to_device(torch.tensor([[1.0 if p.greedy else p.temperature for p in params],
+                                         [p.top_p for p in params], [p.min_p for p in params]]), device)
+        ints = to_device(torch.tensor([[int(p.greedy) for p in params], top_k,
+                                       [row.rng_seed for row in rows], [row.output_position for row in rows]],
+                                      dtype=torch.int64), device)
+        return cls(**flags, temperature=floats[0], top_p=floats[1], min_p=floats[2], greedy=ints[0].bool(),
+                   top_k=ints[1], seeds=ints[2], positions=ints[3])
 
 
 @dataclass(frozen=True)
@@ -112,12 +113,16 @@ class PenaltyBatch:
     def from_rows(cls, rows, vocab_size: int, device: torch.device) -> "PenaltyBatch":
         def padded(lists):
             width = max(1, max(len(tokens) for tokens in lists))
-            return torch.tensor([list(t) + [vocab_size] * (width - len(t)) for t in lists], device=device)
+            host = torch.tensor([list(t) + [vocab_size] * (width - len(t)) for t in lists], dtype=torch.int64)
+            return to_device(host, device)
 
+        weights = to_device(torch.tensor([[r.params.repetition_penalty for r in rows],
+                                          [r.params.presence_penalty for r in rows],
+                                          [r.params.frequency_penalty for r in rows]]), device)
         return cls(
-            repetition=torch.tensor([r.params.repetition_penalty for r in rows], device=device),
-            presence=torch.tensor([r.params.presence_penalty for r in rows], device=device),
-            frequency=torch.tensor([r.params.frequency_penalty for r in rows], device=device),
+            repetition=weights[0],
+            presence=weights[1],
+            frequency=weights[2],
             prompt_tokens=padded([r.prompt_token_ids for r in rows]),
             output_tokens=padded([r.output_token_ids for r in rows]),
         )
@@ -162,7 +167,7 @@ class SamplerOutput:
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     """logits: [rows, vocab] -> one token per row, with its log-probability."""
     logits = logits.float()
-    raw_logprobs = torch.log_softmax(logits, dim=-1)  # [rows, vocab]
+    raw_logits = logits  # NOTE: logprobs are of the model's own distribution, before any penalty
     if batch.penalties is not None:
         logits = batch.penalties.apply(logits)
     tokens = logits.argmax(dim=-1)
@@ -178,10 +183,13 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         noise = exponential_noise(batch.seeds, batch.positions, logits.shape[-1])
         drawn = (probs / noise).argmax(dim=-1)
         tokens = torch.where(batch.greedy, tokens, drawn)
-    chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
     top_ids = top_lps = None
     if batch.num_logprobs > 0:
+        raw_logprobs = torch.log_softmax(raw_logits, dim=-1)  # [rows, vocab]
+        chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
         top_lps, top_ids = raw_logprobs.topk(batch.num_logprobs, dim=-1)
+    else:  # the chosen token's log-probability without materialising the whole log-softmax
+        chosen = raw_logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(raw_logits, dim=-1)
     return SamplerOutput(tokens, chosen, top_ids, top_lps)
 
 
