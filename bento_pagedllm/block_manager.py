@@ -1,23 +1,35 @@
-"""The pool of KV-cache blocks: allocation, sharing by reference count, copy-on-write and freeing.
+"""The pool of KV-cache blocks: allocation, sharing by reference count, copy-on-write, prefix caching.
 
 Pure Python and exact: tests assert that after every scenario the free count returns to the total.
 A block holds `block_size` consecutive token positions of one sequence; position p of a sequence lives in
 slot `block_table[p // block_size] * block_size + p % block_size` of the cache.
+
+Prefix caching: a full block is named by a hash of its tokens chained with the previous block's hash, so
+equal names mean equal prefixes. Named blocks stay in the cache after their last user frees them; a new
+sequence takes the blocks of its longest named prefix instead of computing them again. Free blocks are
+kept in least-recently-freed order and a named one loses its name only when it is taken for new work
+(eviction happens only when memory is needed).
+NOTE: "free" counts every block with no user, named or not: all of them can be taken at any time.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 
 from .sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # LRU first
+        self._name_of: list[int | None] = [None] * num_blocks  # block -> its prefix hash
+        self._cached: dict[int, int] = {}  # prefix hash -> block
+        self.prefix_query_tokens = 0
+        self.prefix_hit_tokens = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -27,9 +39,61 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self._free)
 
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    # ---- prefix caching ------------------------------------------------------------------------
+    def _prefix_hashes(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """Chained hashes of the sequence's first `num_blocks` full blocks (memoised on the sequence)."""
+        hashes = seq.block_hashes
+        bs = self.block_size
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash((parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))))
+        return hashes[:num_blocks]
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Give a sequence with no blocks the cached blocks of its longest named prefix; returns the number
+        of tokens they hold (now computed).
+
+        NOTE: at least the last token is always left to compute, so the step that finishes the prompt
+        produces its logits.
+        """
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        if not self.enable_prefix_caching:
+            return 0
+        full = (seq.num_tokens - 1) // self.block_size
+        self.prefix_query_tokens += full * self.block_size
+        for name in self._prefix_hashes(seq, full):
+            block = self._cached.get(name)
+            if block is None:
+                break
+            if self.ref_counts[block] == 0:
+                del self._free[block]
+            self.ref_counts[block] += 1
+            seq.block_table.append(block)
+        hit = len(seq.block_table) * self.block_size
+        self.prefix_hit_tokens += hit
+        seq.num_computed_tokens = hit
+        return hit
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Name the blocks that the sequence's computed tokens now fill (after a step)."""
+        if not self.enable_prefix_caching:
+            return
+        full = seq.num_computed_tokens // self.block_size
+        for i, name in enumerate(self._prefix_hashes(seq, full)):
+            block = seq.block_table[i]
+            if self._name_of[block] is None and name not in self._cached:
+                self._name_of[block] = name
+                self._cached[name] = block
+
+    # ---- allocation ----------------------------------------------------------------------------
     def _shared_blocks_to_write(self, seq: Sequence, num_new_tokens: int) -> list[int]:
         """Indices into the block table of existing blocks that this step writes but others also use."""
         first = seq.num_computed_tokens // self.block_size
@@ -64,16 +128,22 @@ class BlockManager:
             self.ref_counts[block] += 1
 
     def free(self, seq: Sequence) -> None:
-        # NOTE: freed in reverse so the tail blocks, least likely shared, are reused last (LRU-friendly).
+        # NOTE: freed tail first, so a sequence's tail blocks are evicted before its head, which other
+        # prompts are likelier to share.
         for block in reversed(seq.block_table):
             self.ref_counts[block] -= 1
             assert self.ref_counts[block] >= 0, f"double free of block {block}"
             if self.ref_counts[block] == 0:
-                self._free.append(block)
+                self._free[block] = None
         seq.block_table = []
 
     def _take(self) -> int:
-        block = self._free.popleft()
+        """The least recently freed block, its old name (if any) evicted."""
+        block, _ = self._free.popitem(last=False)
         assert self.ref_counts[block] == 0
+        name = self._name_of[block]
+        if name is not None:
+            del self._cached[name]
+            self._name_of[block] = None
         self.ref_counts[block] = 1
         return block

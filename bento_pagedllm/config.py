@@ -166,6 +166,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_bytes: int = 1 << 30
     num_blocks: int | None = None
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):
@@ -223,6 +224,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     cpu_kv_cache_bytes: int = 1 << 30
     num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
     max_model_len: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
@@ -258,6 +260,7 @@ class EngineArgs:
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 cpu_kv_cache_bytes=self.cpu_kv_cache_bytes,
                 num_blocks=self.num_kv_blocks,
+                enable_prefix_caching=self.enable_prefix_caching,
             ),
             scheduler=SchedulerConfig(
                 max_num_batched_tokens=batched,

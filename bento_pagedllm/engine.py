@@ -75,7 +75,8 @@ class LLMEngine:
                 f"the KV cache holds {capacity} tokens, fewer than max_model_len "
                 f"{self.configs.scheduler.max_model_len}: raise the memory budget or lower max_model_len"
             )
-        self.block_manager = BlockManager(self.runner.num_blocks, block_size)
+        self.block_manager = BlockManager(self.runner.num_blocks, block_size,
+                                          enable_prefix_caching=self.configs.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.configs.scheduler, self.block_manager, self._child_seed)
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}

@@ -40,6 +40,10 @@ class EngineMetrics:
         self.preemptions = counter("pagedllm_preemptions", "Sequences preempted for lack of KV blocks")
         self.requests_finished = counter("pagedllm_requests_finished", "Requests finished (not aborted)")
         self.requests_aborted = counter("pagedllm_requests_aborted", "Requests aborted (client gone, errors)")
+        self.prefix_cache_queries = counter("pagedllm_prefix_cache_queries",
+                                            "Prompt tokens looked up in the prefix cache")
+        self.prefix_cache_hits = counter("pagedllm_prefix_cache_hits", "Prompt tokens found in the prefix cache")
+        self._prefix_seen = (0, 0)
         self.time_to_first_token = histogram("pagedllm_time_to_first_token_seconds", "Time to first token")
         self.time_per_output_token = histogram("pagedllm_time_per_output_token_seconds",
                                                "Mean time per output token after the first, per request")
@@ -51,6 +55,11 @@ class EngineMetrics:
         self.requests_unfinished.set(len(engine.requests))
         self.kv_blocks_used.set(blocks.num_used_blocks)
         self.kv_blocks_total.set(blocks.num_blocks)
+        queries, hits = blocks.prefix_query_tokens, blocks.prefix_hit_tokens
+        if (queries, hits) != self._prefix_seen:
+            self.prefix_cache_queries.inc(queries - self._prefix_seen[0])
+            self.prefix_cache_hits.inc(hits - self._prefix_seen[1])
+            self._prefix_seen = (queries, hits)
 
     def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         self.observe_state(engine)

@@ -132,9 +132,12 @@ class Scheduler:
         # preempted (older) sequences go first.
         while self.waiting and budget > 0 and num_preempted == 0 and self._has_seat_for(self.waiting[0]):
             seq = self.waiting[0]
+            self.block_manager.match_prefix(seq)  # cached blocks of its prefix count as computed
             num_new = min(seq.num_uncomputed_tokens, budget)
             seq_copies = self.block_manager.allocate_slots(seq, num_new)
             if seq_copies is None:
+                self.block_manager.free(seq)  # NOTE: a waiting sequence holds no blocks
+                seq.num_computed_tokens = 0
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
@@ -228,7 +231,9 @@ class Scheduler:
     def update_computed(self, plan: StepPlan) -> None:
         """After the model ran: the scheduled tokens are now in the cache."""
         for scheduled in plan.seqs:
-            self.seqs_by_id[scheduled.seq_id].num_computed_tokens += len(scheduled.token_ids)
+            seq = self.seqs_by_id[scheduled.seq_id]
+            seq.num_computed_tokens += len(scheduled.token_ids)
+            self.block_manager.cache_full_blocks(seq)
 
 
 def _sampling_row(seq: Sequence, logits_index: int) -> SamplingRow:

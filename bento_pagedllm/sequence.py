@@ -45,6 +45,7 @@ class Sequence:
         self.num_prompt_tokens = request.num_prompt_tokens
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # prefix-cache names of its full blocks, memoised
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
@@ -93,6 +94,7 @@ class Sequence:
         """A new choice sharing this sequence's tokens so far (the caller shares the KV blocks)."""
         child = Sequence(self.request, index, list(self._token_ids), rng_seed)
         child.num_computed_tokens = self.num_computed_tokens
+        child.block_hashes = list(self.block_hashes)
         child.status = self.status
         return child
 

@@ -15,6 +15,7 @@
 | PAGEDLLM_MAX_NUM_SEQS | 256 | sequences running at once |
 | PAGEDLLM_MAX_NUM_BATCHED_TOKENS | 2048+ | tokens computed per step |
 | PAGEDLLM_SEED | 0 | engine seed for unseeded requests |
+| PAGEDLLM_ENABLE_PREFIX_CACHING | true | reuse the KV blocks of shared prompt prefixes |
 """
 
 from __future__ import annotations
@@ -28,11 +29,20 @@ from .config import EngineArgs
 from .loader.store import DEFAULT_MODEL_NAME
 
 PREFIX = "PAGEDLLM_"
+
+
+def _parse_bool(raw: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
 # EngineArgs fields settable from the environment, with their parsers
 _ENGINE_FIELDS = {
     "dtype": str, "device": str, "block_size": int, "gpu_memory_utilization": float,
     "cpu_kv_cache_bytes": int, "num_kv_blocks": int, "max_model_len": int, "max_num_seqs": int,
-    "max_num_batched_tokens": int, "seed": int,
+    "max_num_batched_tokens": int, "seed": int, "enable_prefix_caching": _parse_bool,
 }
 
 

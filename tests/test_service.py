@@ -181,6 +181,17 @@ def test_errors_through_the_server(server):
     assert httpx.get(f"{server}/readyz").status_code == 200  # health stays open
 
 
+def test_shared_system_prompt_hits_the_prefix_cache(client, server):
+    system = {"role": "system", "content": "You answer in one short sentence. " * 30}
+    before = metric(server, "pagedllm_prefix_cache_hits_total")
+    for question in ("What is the capital of Italy?", "What is the capital of Spain?"):
+        client.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": question}],
+                                       temperature=0, max_tokens=8)
+    # the second request reuses the ~200-token system prompt's full blocks
+    assert metric(server, "pagedllm_prefix_cache_hits_total") - before >= 160
+    assert metric(server, "pagedllm_prefix_cache_queries_total") > 0
+
+
 def test_metrics_report_engine_state(server):
     for name in ("pagedllm_requests_running", "pagedllm_requests_waiting", "pagedllm_kv_blocks_used",
                  "pagedllm_prompt_tokens_total", "pagedllm_generation_tokens_total", "pagedllm_preemptions_total",
