@@ -1,0 +1,194 @@
+"""Serving benchmark, like `vllm bench serve`: a fixed ShareGPT-shaped workload through the engine.
+
+Modes:
+- `offline`: the in-process engine (`LLM`) gets every request at once;
+- `async`: the in-process AsyncLLMEngine gets each request at its arrival time (no HTTP);
+- `online`: a running `bentoml serve service:svc` at --url gets streaming OpenAI completions requests
+  (token-id prompts, `ignore_eos`) from an asyncio HTTP client, at their arrival times.
+Every request generates exactly its `max_tokens`. Writes one JSON result (--out).
+
+    python ../shared/bench/workload.py --n 500 --seed 0 --vocab 32000 > bench/data/requests.jsonl
+    python bench/serve.py --mode offline --shape llama2-7b --requests bench/data/requests.jsonl --out r.json
+    python bench/serve.py --mode online --url http://127.0.0.1:3000 --model NAME --requests ... --out r.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import statistics
+import time
+
+SUMMARY = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
+
+
+def load(path: str, limit: int | None) -> list[dict]:
+    with open(path) as f:
+        requests = [json.loads(line) for line in f if line.strip()]
+    return requests[:limit] if limit else requests
+
+
+def stats(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "median": None, "p99": None}
+    ordered = sorted(values)
+    return {"mean": statistics.fmean(ordered), "median": statistics.median(ordered),
+            "p99": ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]}
+
+
+def report(records: list[dict], wall: float, extra: dict) -> dict:
+    """records: per request {"ok", "start", "tokens": [arrival time of each output token], "prompt_len"}."""
+    done = [r for r in records if r["ok"]]
+    ttft = [r["tokens"][0] - r["start"] for r in done if r["tokens"]]
+    e2e = [r["tokens"][-1] - r["start"] for r in done if r["tokens"]]
+    tpot = [(r["tokens"][-1] - r["tokens"][0]) / (len(r["tokens"]) - 1) for r in done if len(r["tokens"]) > 1]
+    itl = [b - a for r in done for a, b in zip(r["tokens"], r["tokens"][1:])]
+    output_tokens = sum(len(r["tokens"]) for r in done)
+    prompt_tokens = sum(r["prompt_len"] for r in done)
+    return {
+        "completed": len(done), "failed": len(records) - len(done), "duration_s": wall,
+        "request_throughput": len(done) / wall, "output_throughput": output_tokens / wall,
+        "total_token_throughput": (output_tokens + prompt_tokens) / wall,
+        **{name: stats(values) for name, values in zip(SUMMARY, (ttft, tpot, itl, e2e))}, **extra,
+    }
+
+
+def shape_dir(shape: str) -> str:
+    import os
+    import sys
+    import tempfile
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from single_stream import SHAPES
+
+    path = tempfile.mkdtemp()
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(dict(SHAPES[shape], architectures=["LlamaForCausalLM"], model_type="llama", bos_token_id=1,
+                       eos_token_id=2), f)
+    return path
+
+
+def engine_kwargs(args) -> dict:
+    kwargs = dict(dtype=args.dtype, device=args.device)
+    if args.shape:
+        kwargs["load_format"] = "dummy"
+    return kwargs
+
+
+def run_offline(args, requests) -> dict:
+    from bento_pagedllm import LLMEngine, EngineArgs, SamplingParams
+
+    engine = LLMEngine(EngineArgs(model=args.model_path, **engine_kwargs(args)))
+    records = {}
+    start = time.perf_counter()
+    for r in requests:
+        engine.add_request(str(r["id"]), r["prompt_ids"], SamplingParams(max_tokens=r["max_tokens"],
+                                                                          temperature=0.0, ignore_eos=True))
+        records[str(r["id"])] = {"ok": False, "start": start, "tokens": [], "prompt_len": len(r["prompt_ids"])}
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter()
+        for out in outputs:
+            record = records[out.request_id]
+            record["tokens"] += [now] * len(out.outputs[0].delta_token_ids)
+            record["ok"] = out.finished
+    wall = time.perf_counter() - start
+    return report(list(records.values()), wall, {
+        "kv_blocks": engine.block_manager.num_blocks, "preemptions": engine.scheduler.num_preemptions_total})
+
+
+async def replay(requests, send) -> tuple[list[dict], float]:
+    """Send each request at its arrival time; `send(request, record)` fills the record."""
+    start = time.perf_counter()
+
+    async def one(r):
+        delay = r["arrival_s"] - (time.perf_counter() - start)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        record = {"ok": False, "start": time.perf_counter(), "tokens": [], "prompt_len": len(r["prompt_ids"])}
+        try:
+            await send(r, record)
+        except Exception as error:  # noqa: BLE001 - a failed request is counted, not fatal
+            record["error"] = repr(error)
+        return record
+
+    records = await asyncio.gather(*(one(r) for r in requests))
+    return list(records), time.perf_counter() - start
+
+
+def run_async(args, requests) -> dict:
+    from bento_pagedllm import AsyncLLMEngine, EngineArgs, SamplingParams
+
+    engine = AsyncLLMEngine(EngineArgs(model=args.model_path, **engine_kwargs(args)))
+
+    async def send(r, record):
+        params = SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True)
+        async for out in engine.generate(r["prompt_ids"], params, request_id=str(r["id"])):
+            record["tokens"] += [time.perf_counter()] * len(out.outputs[0].delta_token_ids)
+            record["ok"] = out.finished
+
+    records, wall = asyncio.run(replay(requests, send))
+    inner = engine.engine
+    engine.shutdown()
+    return report(records, wall, {"kv_blocks": inner.block_manager.num_blocks,
+                                  "preemptions": inner.scheduler.num_preemptions_total})
+
+
+def run_online(args, requests) -> dict:
+    import httpx
+
+    async def main():
+        limits = httpx.Limits(max_connections=len(requests) + 8, max_keepalive_connections=len(requests) + 8)
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        async with httpx.AsyncClient(base_url=args.url, timeout=None, limits=limits, headers=headers) as client:
+            async def send(r, record):
+                body = {"model": args.model, "prompt": r["prompt_ids"], "max_tokens": r["max_tokens"],
+                        "temperature": 0.0, "ignore_eos": True, "stream": True}
+                async with client.stream("POST", "/v1/completions", json=body) as response:
+                    response.raise_for_status()
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: "):
+                            continue
+                        if line == "data: [DONE]":
+                            record["ok"] = True
+                            break
+                        chunk = json.loads(line[6:])
+                        if chunk["choices"] and chunk["choices"][0]["text"] is not None:
+                            record["tokens"].append(time.perf_counter())
+            return await replay(requests, send)
+
+    records, wall = asyncio.run(main())
+    return report(records, wall, {})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=["offline", "async", "online"], required=True)
+    parser.add_argument("--requests", required=True, help="JSONL from ../shared/bench/workload.py")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--shape", default=None, help="dummy weights of a named shape (bench/single_stream.py)")
+    parser.add_argument("--model-path", default=None, help="a model dir or .gguf (instead of --shape)")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--url", default="http://127.0.0.1:3000")
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="served model name (online)")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.shape:
+        args.model_path = shape_dir(args.shape)
+    requests = load(args.requests, args.limit)
+    run = {"offline": run_offline, "async": run_async, "online": run_online}[args.mode]
+    result = {"date": datetime.date.today().isoformat(), "mode": args.mode, "requests_file": args.requests,
+              "num_requests": len(requests), "shape": args.shape, **run(args, requests)}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
