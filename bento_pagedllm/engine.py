@@ -87,6 +87,7 @@ class LLMEngine:
         self.eos_token_ids = set(self.model_config.eos_token_id)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.runner.eos_token_ids = tuple(sorted(self.eos_token_ids))
 
     # ---- requests ------------------------------------------------------------------------------
     def tokenize(self, prompt: PromptType) -> list[int]:

@@ -73,6 +73,7 @@ class ModelRunner:
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(m.num_hidden_layers)]
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_blocks, self.block_size,
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
+        self.eos_token_ids: tuple[int, ...] = tuple(configs.model.eos_token_id)  # the engine may add more
         self.graphs = None
         if configs.cuda_graph_max_batch:
             from .cuda_graphs import DecodeGraphs
@@ -102,7 +103,7 @@ class ModelRunner:
         rows = plan.sampling_rows
         if len(rows) != logits.shape[0]:  # forked choices share their prompt's logits row
             logits = logits[to_device(torch.tensor([r.logits_index for r in rows]), self.device)]
-        batch = SamplingBatch.from_rows(rows, self.configs.model.vocab_size, self.device)
+        batch = SamplingBatch.from_rows(rows, self.configs.model.vocab_size, self.device, self.eos_token_ids)
         return sample(logits, batch).to_host(rows)
 
     def _host_inputs(self, plan: StepPlan) -> "HostInputs":

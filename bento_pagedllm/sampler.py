@@ -69,6 +69,7 @@ class SamplingBatch:
     any_min_p: bool
     penalties: "PenaltyBatch | None"
     num_logprobs: int  # top alternatives to return (max over rows), -1 when no row asks
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) that must not be drawn
     temperature: torch.Tensor | None = None  # [rows] float32, 1.0 for greedy rows
     top_p: torch.Tensor | None = None  # [rows] float32
     min_p: torch.Tensor | None = None  # [rows] float32
@@ -78,7 +79,9 @@ class SamplingBatch:
     positions: torch.Tensor | None = None  # [rows] int64, output position of the token being drawn
 
     @classmethod
-    def from_rows(cls, rows: tuple[SamplingRow, ...], vocab_size: int, device: torch.device) -> "SamplingBatch":
+    def from_rows(cls, rows: tuple[SamplingRow, ...], vocab_size: int, device: torch.device,
+                  eos_token_ids: tuple[int, ...] = ()) -> "SamplingBatch":
+        """`eos_token_ids` are banned, with each row's stop_token_ids, until the row has min_tokens."""
         params = [row.params for row in rows]
         top_k = [p.top_k if p.top_k > 0 else vocab_size for p in params]
         asked = [p.logprobs for p in params if p.logprobs is not None]
@@ -89,6 +92,7 @@ class SamplingBatch:
             penalties=PenaltyBatch.from_rows(rows, vocab_size, device) if any(p.uses_penalties for p in params)
             else None,
             num_logprobs=max(asked) if asked else -1,
+            banned=_min_tokens_bans(rows, eos_token_ids, vocab_size, device),
         )
         if flags["all_greedy"]:
             return cls(**flags)
@@ -99,6 +103,19 @@ class SamplingBatch:
                                       dtype=torch.int64), device)
         return cls(**flags, temperature=floats[0], top_p=floats[1], min_p=floats[2], greedy=ints[0].bool(),
                    top_k=ints[1], seeds=ints[2], positions=ints[3])
+
+
+def _min_tokens_bans(rows, eos_token_ids, vocab_size, device):
+    """(row, token) pairs that may not be drawn yet: end-of-sequence and stop ids before min_tokens."""
+    pairs = []
+    for i, row in enumerate(rows):
+        if row.output_position < row.params.min_tokens:
+            ids = set(row.params.stop_token_ids) | (set() if row.params.ignore_eos else set(eos_token_ids))
+            pairs += [(i, t) for t in sorted(ids) if 0 <= t < vocab_size]
+    if not pairs:
+        return None
+    packed = to_device(torch.tensor(pairs, dtype=torch.int64).t().contiguous(), device)
+    return packed[0], packed[1]
 
 
 @dataclass(frozen=True)
@@ -170,6 +187,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     raw_logits = logits  # NOTE: logprobs are of the model's own distribution, before any penalty
     if batch.penalties is not None:
         logits = batch.penalties.apply(logits)
+    if batch.banned is not None:
+        logits = logits.index_put(batch.banned, torch.tensor(float("-inf"), device=logits.device))
     tokens = logits.argmax(dim=-1)
     if not batch.all_greedy:
         scaled = logits / batch.temperature[:, None]

@@ -13,6 +13,8 @@ class SamplingParams:
     filters. `repetition_penalty` (1 = off) applies to prompt and output tokens as in transformers;
     `presence_penalty` and `frequency_penalty` (0 = off) apply to output tokens as in OpenAI's API.
     `logprobs=k` returns the chosen token's log-probability plus the top k alternatives (k may be 0).
+    `min_tokens`: end-of-sequence and `stop_token_ids` cannot be drawn before that many tokens (vLLM's
+    meaning; stop strings still apply).
     """
 
     n: int = 1

@@ -140,7 +140,6 @@ class Request:
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.rng_seed = rng_seed
         self.seqs: list[Sequence] = [Sequence(self, 0, list(self.prompt_token_ids), rng_seed)]
-        self.error: BaseException | None = None
 
     @property
     def is_forked(self) -> bool:

@@ -151,3 +151,12 @@ def test_abort_frees_blocks_at_once(llm):
     assert engine.abort_request("a") and engine.abort_request("b")
     assert not engine.abort_request("a")
     assert all_free(llm) and not engine.scheduler.has_work()
+
+
+def test_min_tokens_defers_eos(smol):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    short = smol.chat(messages, SamplingParams(max_tokens=40, **GREEDY))[0].outputs[0]
+    assert short.finish_reason == "stop" and len(short.token_ids) < 20
+    longer = smol.chat(messages, SamplingParams(max_tokens=40, min_tokens=20, **GREEDY))[0].outputs[0]
+    assert len(longer.token_ids) >= 20 and 2 not in longer.token_ids[:20]
+    assert longer.token_ids[: len(short.token_ids) - 1] == short.token_ids[:-1]  # same until eos was due

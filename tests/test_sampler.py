@@ -164,3 +164,14 @@ def test_penalties_only_touch_their_rows():
 def test_invalid_params_are_rejected(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+def test_min_tokens_bans_eos_and_stop_ids_until_reached():
+    logits = torch.tensor([[0.0, 5.0, 4.0, 1.0]] * 3)  # token 1 (say eos) wins, then token 2
+    rows = rows_for([SamplingParams(temperature=0.0, min_tokens=3), SamplingParams(temperature=0.0, min_tokens=3),
+                     SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[2], ignore_eos=True)],
+                    positions=[2, 3, 0])
+    out = sample(logits, SamplingBatch.from_rows(rows, 4, logits.device, eos_token_ids=(1,)))
+    # row 0 is still short of min_tokens: eos banned; row 1 reached it; row 2 ignores eos but bans stop id 2
+    assert out.token_ids.tolist() == [2, 1, 1]
+    assert torch.allclose(out.logprobs[0], torch.log_softmax(logits[0], -1)[2])  # logprobs stay the model's
