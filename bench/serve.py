@@ -18,8 +18,12 @@ import argparse
 import asyncio
 import datetime
 import json
+import os
 import statistics
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling bench modules
 
 SUMMARY = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 
@@ -57,10 +61,8 @@ def report(records: list[dict], wall: float, extra: dict) -> dict:
 
 def shape_dir(shape: str) -> str:
     import os
-    import sys
     import tempfile
 
-    sys.path.insert(0, os.path.dirname(__file__))
     from single_stream import SHAPES
 
     path = tempfile.mkdtemp()
@@ -71,7 +73,9 @@ def shape_dir(shape: str) -> str:
 
 
 def engine_kwargs(args) -> dict:
-    kwargs = dict(dtype=args.dtype, device=args.device)
+    kwargs = dict(dtype=args.dtype, device=args.device, enable_prefix_caching=not args.no_prefix_caching)
+    if args.sync_scheduling:
+        kwargs["async_scheduling"] = False
     if args.shape:
         kwargs["load_format"] = "dummy"
     return kwargs
@@ -81,6 +85,8 @@ def run_offline(args, requests) -> dict:
     from bento_pagedllm import LLMEngine, EngineArgs, SamplingParams
 
     engine = LLMEngine(EngineArgs(model=args.model_path, **engine_kwargs(args)))
+    warm_up(engine)
+    timeline = engine.runner.timeline = [] if engine.runner.device.type == "cuda" else None
     records = {}
     start = time.perf_counter()
     for r in requests:
@@ -95,8 +101,68 @@ def run_offline(args, requests) -> dict:
             record["tokens"] += [now] * len(out.outputs[0].delta_token_ids)
             record["ok"] = out.finished
     wall = time.perf_counter() - start
-    return report(list(records.values()), wall, {
-        "kv_blocks": engine.block_manager.num_blocks, "preemptions": engine.scheduler.num_preemptions_total})
+    extra = {"kv_blocks": engine.block_manager.num_blocks, "preemptions": engine.scheduler.num_preemptions_total,
+             "async_scheduling": engine.configs.async_scheduling,
+             "prefix_hit_tokens": engine.block_manager.prefix_hit_tokens}
+    if timeline is not None:
+        from timeline import idle_fraction
+
+        extra["gpu_timeline"] = idle_fraction(timeline)
+    return report(list(records.values()), wall, extra)
+
+
+def warm_up(engine) -> None:
+    """Compile the kernels for prefill and decode shapes before the clock starts (random prompts, so the
+    prefix cache holds nothing the workload could hit)."""
+    import random
+
+    from bento_pagedllm import SamplingParams
+
+    rng = random.Random(1234)
+    for i, length in enumerate((5, 60, 300, 900)):
+        prompt = [rng.randrange(10, 30000) for _ in range(length)]
+        engine.add_request(f"warmup-{i}", prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def run_transformers(args, requests) -> dict:
+    """The peer: transformers' continuous batching manager (what `generate_batch` drives), all requests at
+    t=0, each with its own max_new_tokens, bfloat16 on the GPU."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(args.model_path)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda().eval()
+    generation = GenerationConfig(do_sample=False, max_new_tokens=max(r["max_tokens"] for r in requests),
+                                  eos_token_id=-1, pad_token_id=0)  # NOTE: -1: no token ends a request early
+    manager = model.init_continuous_batching(generation_config=generation)
+    manager.start()
+    try:
+        records = {}
+        start = time.perf_counter()
+        for r in requests:
+            request_id = manager.add_request(r["prompt_ids"], request_id=str(r["id"]), max_new_tokens=r["max_tokens"])
+            records[request_id] = {"ok": False, "start": start, "tokens": [], "prompt_len": len(r["prompt_ids"])}
+        pending = set(records)
+        while pending:
+            result = manager.get_result(timeout=1)
+            if result is None:
+                if not manager.is_running():
+                    break
+                continue
+            if result.is_finished() and result.request_id in pending:
+                pending.discard(result.request_id)
+                now = time.perf_counter()
+                record = records[result.request_id]
+                record["ok"] = True
+                # NOTE: without streaming only the finish time is known: TTFT and latencies are end-to-end
+                record["tokens"] = [now] * len(result.generated_tokens)
+        wall = time.perf_counter() - start
+    finally:
+        manager.stop(block=True)
+    return report(list(records.values()), wall, {"peer": "transformers continuous batching",
+                                                 "transformers": __import__("transformers").__version__})
 
 
 async def replay(requests, send) -> tuple[list[dict], float]:
@@ -165,12 +231,14 @@ def run_online(args, requests) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mode", choices=["offline", "async", "online"], required=True)
+    parser.add_argument("--mode", choices=["offline", "async", "online", "transformers"], required=True)
     parser.add_argument("--requests", required=True, help="JSONL from ../shared/bench/workload.py")
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--shape", default=None, help="dummy weights of a named shape (bench/single_stream.py)")
     parser.add_argument("--model-path", default=None, help="a model dir or .gguf (instead of --shape)")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--sync-scheduling", action="store_true", help="read each step before planning the next")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--url", default="http://127.0.0.1:3000")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="served model name (online)")
@@ -180,7 +248,7 @@ def main() -> None:
     if args.shape:
         args.model_path = shape_dir(args.shape)
     requests = load(args.requests, args.limit)
-    run = {"offline": run_offline, "async": run_async, "online": run_online}[args.mode]
+    run = {"offline": run_offline, "async": run_async, "online": run_online, "transformers": run_transformers}[args.mode]
     result = {"date": datetime.date.today().isoformat(), "mode": args.mode, "requests_file": args.requests,
               "num_requests": len(requests), "shape": args.shape, **run(args, requests)}
     text = json.dumps(result, indent=2)

@@ -22,6 +22,8 @@ import time
 
 import torch
 
+from timeline import idle_fraction
+
 SHAPES = {
     "llama2-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
@@ -62,7 +64,7 @@ def config_dir(shape: dict) -> str:
     return path
 
 
-def bench_engine(path: str, prompt: list[int], runs: int) -> dict:
+def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | None = None) -> dict:
     from bento_pagedllm import LLM, SamplingParams
 
     torch.cuda.synchronize()
@@ -79,7 +81,20 @@ def bench_engine(path: str, prompt: list[int], runs: int) -> dict:
         decode.append((NEW - 1) / (m.finished_time - m.first_token_time))
     graphs = llm.engine.runner.graphs
     result = {"startup_s": startup, "graph_capture_s": graphs.capture_seconds if graphs else None,
-              "ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode)}
+              "ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode),
+              "async_scheduling": llm.engine.configs.async_scheduling}
+    # where a step's time goes: the device's busy time per step and its idle time between steps
+    llm.engine.runner.timeline = []
+    llm.generate([prompt], params)
+    result["gpu_timeline"] = idle_fraction(llm.engine.runner.timeline)
+    llm.engine.runner.timeline = None
+    if profile_path:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            llm.generate([prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))
+        with open(profile_path, "w") as f:
+            f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
     del llm, graphs
     gc.collect()  # NOTE: the engine holds cycles (scheduler callbacks); free its KV cache before the next model
     torch.cuda.empty_cache()
@@ -123,7 +138,10 @@ def main() -> None:
     parser.add_argument("--peers", default="eager,compile", help="transformers paths to run: eager,compile or none")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--profile-dir", default=None, help="write a torch.profiler table per model here")
     args = parser.parse_args()
+    if args.profile_dir:
+        os.makedirs(args.profile_dir, exist_ok=True)
     bandwidth = copy_bandwidth()
     prompt = torch.randint(100, 30000, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     results = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
@@ -134,7 +152,8 @@ def main() -> None:
 
         weight_bytes = ModelConfig.from_hf_config(json.load(open(os.path.join(path, "config.json")))).num_parameters() * 2
         entry = {"weight_bytes": weight_bytes, "roofline_tok_s": bandwidth / weight_bytes}
-        entry["engine"] = bench_engine(path, prompt, args.runs)
+        profile_path = os.path.join(args.profile_dir, f"profile_{name}.txt") if args.profile_dir else None
+        entry["engine"] = bench_engine(path, prompt, args.runs, profile_path)
         for peer in [p for p in args.peers.split(",") if p in ("eager", "compile")]:
             entry[f"transformers_{peer}"] = bench_transformers(path, prompt, args.runs, compiled=peer == "compile")
         ours = entry["engine"]["decode_tok_s"]

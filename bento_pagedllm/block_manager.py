@@ -83,10 +83,11 @@ class BlockManager:
         return hit
 
     def cache_full_blocks(self, seq: Sequence) -> None:
-        """Name the blocks that the sequence's computed tokens now fill (after a step)."""
+        """Name the blocks that the sequence's computed and known tokens fill (after a step is launched,
+        and again when its pending tokens are read)."""
         if not self.enable_prefix_caching:
             return
-        full = seq.num_computed_tokens // self.block_size
+        full = min(seq.num_computed_tokens, seq.num_known_tokens) // self.block_size
         for i, name in enumerate(self._prefix_hashes(seq, full)):
             block = seq.block_table[i]
             if self._name_of[block] is None and name not in self._cached:

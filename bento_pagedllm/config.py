@@ -206,6 +206,7 @@ class EngineConfigs:
     model_path: str
     load_format: str
     cuda_graph_max_batch: int = 0  # decode graphs for batches up to this size; 0: none (CPU, eager)
+    async_scheduling: bool = False  # plan and launch step N+1 before reading step N's tokens
 
 
 @dataclass
@@ -231,6 +232,10 @@ class EngineArgs:
     seed: int = 0
     enforce_eager: bool = False  # on CUDA: no decode graphs (debugging, or to save capture time)
     max_graph_batch: int = 256
+    # Plan and launch each step before the previous step's tokens reach the host, so the device never
+    # waits for the host's bookkeeping. None: on where it pays (CUDA), off on the CPU (whose kernels run
+    # in the calling thread, so there is nothing to overlap).
+    async_scheduling: bool | None = None
     hf_config_overrides: dict[str, Any] = field(default_factory=dict)
 
     def resolve_device(self) -> torch.device:
@@ -272,4 +277,5 @@ class EngineArgs:
             load_format=self.load_format,
             cuda_graph_max_batch=min(self.max_num_seqs, self.max_graph_batch)
             if device.type == "cuda" and not self.enforce_eager else 0,
+            async_scheduling=device.type == "cuda" if self.async_scheduling is None else self.async_scheduling,
         )

@@ -58,6 +58,8 @@ class DecodeGraphs:
                      for name in ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables")}
         self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(top, dtype=torch.int64, device=device)
+        # NOTE: the host twins are rewritten only after the device has read them for the previous step
+        self.inputs_copied = torch.cuda.Event()
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 
@@ -98,9 +100,11 @@ class DecodeGraphs:
         return num_seqs <= self.sizes[-1]
 
     def run(self, input_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
-            block_tables: list[list[int]]) -> torch.Tensor:
-        """One decode step of n sequences: [n, hidden] (before the final norm) from the padded graph."""
+            block_tables: list[list[int]], pending=None) -> torch.Tensor:
+        """One decode step of n sequences: [n, hidden] (before the final norm) from the padded graph.
+        `pending` (PendingInputs) fills the input ids still on the device."""
         n = len(input_ids)
+        self.inputs_copied.synchronize()
         batch = next(size for size in self.sizes if size >= n)
         width = len(block_tables[0])
         pad = batch - n
@@ -116,6 +120,9 @@ class DecodeGraphs:
             getattr(self, name)[:batch].copy_(self.host[name][:batch], non_blocking=True)
         self.host["block_tables"][:n, :width].copy_(torch.tensor(block_tables, dtype=torch.int32))
         self.block_tables[:n, :width].copy_(self.host["block_tables"][:n, :width], non_blocking=True)
+        self.inputs_copied.record()
+        if pending is not None:
+            pending.apply(self.input_ids)
         graph, out = self.graphs[batch]
         graph.replay()
         return out[:n]

@@ -17,7 +17,7 @@ import torch
 from .block_manager import BlockManager
 from .config import EngineArgs, EngineConfigs
 from .loader import ModelSource, iter_weights, resolve_model
-from .model_runner import ModelRunner
+from .model_runner import LaunchedStep, ModelRunner
 from .models.llama import LlamaForCausalLM
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
 from .sampler import mix_seed
@@ -84,6 +84,7 @@ class LLMEngine:
         self._rng = random.Random(args.seed)
         self._request_counter = itertools.count()
         self.last_plan = None
+        self._in_flight: LaunchedStep | None = None  # launched, tokens not yet read (async scheduling)
         self.eos_token_ids = set(self.model_config.eos_token_id)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
@@ -154,16 +155,42 @@ class LLMEngine:
 
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Plan and launch a step, and read the tokens of the step before it.
+
+        With async scheduling the step launched here is read by the next call, while the one after it
+        runs: the device computes step N+1 while the host reads, detokenises and stops step N's
+        sequences. A sequence that stops at step N has also been given a row in step N+1; that token is
+        dropped. Without it (the CPU default) a step is read as soon as it is launched.
+        """
+        outputs: list[RequestOutput] = []
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None and in_flight.needs_token_history:
+            outputs += self._read_step(in_flight)
+            in_flight = None
         plan = self.scheduler.schedule()
         self.last_plan = plan  # read by metrics and tests
-        if plan.is_empty:
-            return []
-        sampled = self.runner.execute(plan)
-        self.scheduler.update_computed(plan)
+        launched = None
+        if not plan.is_empty:
+            launched = self.runner.launch(plan)
+            self.scheduler.update_computed(plan)
+        if in_flight is not None:
+            outputs += self._read_step(in_flight)
+        if launched is not None:
+            if self.configs.async_scheduling and self.requests:
+                self._in_flight = launched
+            else:
+                outputs += self._read_step(launched)
+        return outputs
+
+    def _read_step(self, step: LaunchedStep) -> list[RequestOutput]:
+        """Append a launched step's tokens to their sequences (waiting for the device if need be)."""
+        sampled = self.runner.collect(step)
         touched: dict[str, Request] = {}
         now = time.monotonic()
-        for row, token in zip(plan.sampling_rows, sampled):
-            seq = self.scheduler.seqs_by_id[row.seq_id]
+        for row, token in zip(step.plan.sampling_rows, sampled):
+            seq = self.scheduler.seqs_by_id.get(row.seq_id)
+            if seq is None:
+                continue  # it ended (stop, abort) after this step was launched: the token is dropped
             self._append_token(seq, token)
             touched[seq.request.request_id] = seq.request
             if seq.request.times.first_token is None:
@@ -172,6 +199,8 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, token: TokenLogprob) -> None:
         seq.append_token(token)
+        if seq.num_computed_tokens >= seq.num_known_tokens:  # a launched step already used this token
+            self.block_manager.cache_full_blocks(seq)
         params = seq.request.params
         reason, stop_reason = None, None
         if token.token_id in self.eos_token_ids and not params.ignore_eos:
@@ -183,9 +212,10 @@ class LLMEngine:
             matched = detok.add_tokens([token.token_id])
             if matched is not None:
                 reason, stop_reason = "stop", matched
+        num_known_outputs = seq.num_known_tokens - seq.num_prompt_tokens
         if reason is None and (
-            (params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens)
-            or seq.num_tokens >= self.configs.scheduler.max_model_len
+            (params.max_tokens is not None and num_known_outputs >= params.max_tokens)
+            or seq.num_known_tokens >= self.configs.scheduler.max_model_len
         ):
             reason = "length"
         if reason is not None:

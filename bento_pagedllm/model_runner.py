@@ -14,10 +14,10 @@ import torch
 from .attention import AttentionMetadata
 from .config import EngineConfigs
 from .models.llama import LlamaForCausalLM
-from .sampler import SamplingBatch, sample
+from .sampler import HostSamples, SamplingBatch, sample
 from .scheduler import StepPlan
+from .sequence import PENDING_TOKEN, TokenLogprob
 from .transfer import pack_to_device, to_device
-from .sequence import TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,8 @@ class ModelRunner:
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_blocks, self.block_size,
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
         self.eos_token_ids: tuple[int, ...] = tuple(configs.model.eos_token_id)  # the engine may add more
+        self._last_sampled: tuple[dict[int, int], torch.Tensor] | None = None  # (seq_id -> row, token ids)
+        self.timeline: list | None = None  # set to [] to record (start, end) CUDA events of every step
         self.graphs = None
         if configs.cuda_graph_max_batch:
             from .cuda_graphs import DecodeGraphs
@@ -84,27 +86,73 @@ class ModelRunner:
             )
             self.graphs.capture()
 
-    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> list[TokenLogprob]:
-        """Run one step; return the sampled token of each of the plan's sampling rows, in order."""
+        """Run one step and wait for it: the sampled token of each of the plan's sampling rows, in order."""
+        return self.collect(self.launch(plan))
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan) -> "LaunchedStep":
+        """Queue one step on the device (model, sampling, the copy of the sampled ids to the host) and
+        return without waiting for it, so the host can plan the next step meanwhile.
+
+        NOTE: a plan's PENDING_TOKEN inputs are the tokens sampled by the previous launch: they are copied
+        on the device, never through the host.
+        """
+        host = self._host_inputs(plan)
+        pending = self._pending_inputs(host)
+        started = self._record_event()
         for src, dst in plan.block_copies:
             self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
-        host = self._host_inputs(plan)
         if self.graphs is not None and host.all_decode and self.graphs.fits(len(plan.seqs)):
             # NOTE: every decode computes logits, in plan order: the graph's rows are the logit rows
-            hidden = self.graphs.run(host.input_ids, host.positions, host.slots, host.seq_lens, host.tables)
+            hidden = self.graphs.run(host.input_ids, host.positions, host.slots, host.seq_lens, host.tables,
+                                     pending)
         else:
             input_ids, positions, meta, logits_indices = self._device_inputs(host)
+            if pending is not None:
+                pending.apply(input_ids)
             hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
             hidden = hidden[logits_indices]
-        if not plan.sampling_rows:
-            return []
-        logits = self.model.compute_logits(hidden)  # [num_logit_rows, vocab]
         rows = plan.sampling_rows
+        if not rows:
+            return self._launched(plan, None, started)
+        logits = self.model.compute_logits(hidden)  # [num_logit_rows, vocab]
         if len(rows) != logits.shape[0]:  # forked choices share their prompt's logits row
             logits = logits[to_device(torch.tensor([r.logits_index for r in rows]), self.device)]
         batch = SamplingBatch.from_rows(rows, self.configs.model.vocab_size, self.device, self.eos_token_ids)
-        return sample(logits, batch).to_host(rows)
+        sampled = sample(logits, batch)
+        self._last_sampled = ({row.seq_id: i for i, row in enumerate(rows)}, sampled.token_ids)
+        return self._launched(plan, sampled.copy_to_host(), started)
+
+    def _launched(self, plan: StepPlan, samples: HostSamples | None, started) -> "LaunchedStep":
+        step = LaunchedStep(plan, samples, started, self._record_event())
+        if started is not None:
+            self.timeline.append((started, step.ended))
+        return step
+
+    def collect(self, step: "LaunchedStep") -> list[TokenLogprob]:
+        """Wait for a launched step; its sampled tokens (the step's one device-to-host synchronisation)."""
+        if step.samples is None:
+            return []
+        return step.samples.read(step.plan.sampling_rows)
+
+    def _record_event(self) -> "torch.cuda.Event | None":
+        """Step boundaries on the device's timeline, recorded only while `timeline` is switched on."""
+        if self.timeline is None or self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def _pending_inputs(self, host: "HostInputs") -> "PendingInputs | None":
+        if not host.pending_seq_ids:
+            return None
+        rows, sampled = self._last_sampled
+        # NOTE: pending inputs always come from the latest launch (the engine reads a step's tokens
+        # before it plans the step after next)
+        src = [rows[seq_id] for seq_id in host.pending_seq_ids]
+        packed = pack_to_device(dict(dst=host.pending_positions, src=src), torch.int64, self.device)
+        return PendingInputs(packed["dst"], packed["src"], sampled)
 
     def _host_inputs(self, plan: StepPlan) -> "HostInputs":
         """The step's inputs as host lists: token ids, positions, cache slots, lengths, block tables."""
@@ -112,6 +160,9 @@ class ModelRunner:
         bs = self.block_size
         for seq in plan.seqs:
             n = len(seq.token_ids)
+            if seq.token_ids[-1] == PENDING_TOKEN:
+                host.pending_positions.append(len(host.input_ids) + n - 1)
+                host.pending_seq_ids.append(seq.seq_id)
             host.input_ids += seq.token_ids
             span = range(seq.start_pos, seq.start_pos + n)
             host.positions += span
@@ -152,6 +203,35 @@ class ModelRunner:
         return longs["input_ids"], longs["positions"], meta, longs["logits"]
 
 
+@dataclass(frozen=True)
+class PendingInputs:
+    """Inputs still on the device: `input_ids[dst] = sampled[src]`, with `sampled` the previous step's
+    token ids."""
+
+    dst: torch.Tensor  # [num_pending] int64, positions in the step's flattened input ids
+    src: torch.Tensor  # [num_pending] int64, rows of the previous step's samples
+    sampled: torch.Tensor  # [previous rows] int64
+
+    def apply(self, input_ids: torch.Tensor) -> None:
+        input_ids.index_copy_(0, self.dst, self.sampled.index_select(0, self.src))
+
+
+@dataclass(frozen=True)
+class LaunchedStep:
+    """A step queued on the device; `samples` become readable when its copy to the host completes."""
+
+    plan: StepPlan
+    samples: HostSamples | None
+    started: "torch.cuda.Event | None" = None  # device timeline, when the runner records it
+    ended: "torch.cuda.Event | None" = None
+
+    @property
+    def needs_token_history(self) -> bool:
+        """Some row's next step reads its full token history on the host (penalties): the engine must
+        read this step's tokens before it plans the next one."""
+        return any(row.params.uses_penalties for row in self.plan.sampling_rows)
+
+
 @dataclass
 class HostInputs:
     input_ids: list[int] = field(default_factory=list)
@@ -162,3 +242,5 @@ class HostInputs:
     logits_indices: list[int] = field(default_factory=list)
     tables: list[list[int]] = field(default_factory=list)
     all_decode: bool = False
+    pending_positions: list[int] = field(default_factory=list)  # inputs to take from the previous step
+    pending_seq_ids: list[int] = field(default_factory=list)

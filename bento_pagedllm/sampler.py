@@ -167,8 +167,30 @@ class SamplerOutput:
     top_ids: torch.Tensor | None  # [rows, k]
     top_logprobs: torch.Tensor | None  # [rows, k]
 
-    def to_host(self, rows: tuple[SamplingRow, ...]) -> list[TokenLogprob]:
-        """NOTE: the step's one device-to-host synchronisation."""
+    def copy_to_host(self) -> "HostSamples":
+        """Start the copy to the host without waiting for it (pinned memory, an event marks the end)."""
+        tensors = (self.token_ids, self.logprobs, self.top_ids, self.top_logprobs)
+        if self.token_ids.device.type != "cuda":
+            return HostSamples(*tensors)
+        host = tuple(None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(
+            t, non_blocking=True) for t in tensors)
+        event = torch.cuda.Event()
+        event.record()
+        return HostSamples(*host, copied=event)
+
+
+@dataclass(frozen=True)
+class HostSamples:
+    token_ids: torch.Tensor  # [rows] int64, on the host
+    logprobs: torch.Tensor  # [rows] float32
+    top_ids: torch.Tensor | None
+    top_logprobs: torch.Tensor | None
+    copied: "torch.cuda.Event | None" = None  # recorded after the device-to-host copies
+
+    def read(self, rows: tuple[SamplingRow, ...]) -> list[TokenLogprob]:
+        """NOTE: the step's one device-to-host synchronisation (waits for the copies)."""
+        if self.copied is not None:
+            self.copied.synchronize()
         ids = self.token_ids.tolist()
         lps = self.logprobs.tolist()
         top_ids = self.top_ids.tolist() if self.top_ids is not None else None

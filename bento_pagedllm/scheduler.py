@@ -18,12 +18,16 @@ from dataclasses import dataclass
 from .block_manager import BlockManager
 from .config import SchedulerConfig
 from .sampling_params import SamplingParams
-from .sequence import Request, Sequence, SequenceStatus
+from .sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
 
 
 @dataclass(frozen=True)
 class ScheduledSequence:
-    """Tokens of one sequence to compute this step: positions start_pos .. start_pos + len(token_ids)."""
+    """Tokens of one sequence to compute this step: positions start_pos .. start_pos + len(token_ids).
+
+    NOTE: under async scheduling the last token may be PENDING_TOKEN: sampled by the previous step and
+    still on the device, where the model runner takes it from.
+    """
 
     seq_id: int
     token_ids: tuple[int, ...]
@@ -89,6 +93,7 @@ class Scheduler:
             self.waiting.remove(seq)
         self.block_manager.free(seq)
         del self.seqs_by_id[seq.seq_id]
+        seq.num_pending = 0  # tokens sampled after the end are dropped
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
@@ -118,6 +123,9 @@ class Scheduler:
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
+            if self._ends_with_pending_token(seq):
+                index += 1
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             seq_copies, preempted = self._allocate_or_preempt(seq, num_new)
             num_preempted += preempted
@@ -132,6 +140,8 @@ class Scheduler:
         # preempted (older) sequences go first.
         while self.waiting and budget > 0 and num_preempted == 0 and self._has_seat_for(self.waiting[0]):
             seq = self.waiting[0]
+            if seq.num_pending:
+                break  # preempted while a step was in flight: its tokens must be known to recompute them
             self.block_manager.match_prefix(seq)  # cached blocks of its prefix count as computed
             num_new = min(seq.num_uncomputed_tokens, budget)
             seq_copies = self.block_manager.allocate_slots(seq, num_new)
@@ -149,6 +159,16 @@ class Scheduler:
             budget -= num_new
 
         return self._build_plan(scheduled, copies, num_preempted)
+
+    def _ends_with_pending_token(self, seq: Sequence) -> bool:
+        """Its pending token is its last one (max_tokens or the context length reached): nothing to
+        compute; the sequence finishes when the token is read."""
+        if not seq.num_pending:
+            return False
+        max_tokens = seq.request.params.max_tokens
+        return (max_tokens is not None and seq.num_output_tokens >= max_tokens) or (
+            seq.num_tokens >= self.config.max_model_len
+        )
 
     def _has_seat_for(self, seq: Sequence) -> bool:
         seats = 1 if seq.request.is_forked else seq.request.params.n
@@ -187,10 +207,11 @@ class Scheduler:
         for seq, num_new in scheduled:
             start = seq.num_computed_tokens
             completes = start + num_new == seq.num_tokens
+            known = seq.token_ids[start : start + num_new]
             seqs.append(
                 ScheduledSequence(
                     seq_id=seq.seq_id,
-                    token_ids=tuple(seq.token_ids[start : start + num_new]),
+                    token_ids=tuple(known) + (PENDING_TOKEN,) * (num_new - len(known)),
                     start_pos=start,
                     block_table=tuple(seq.block_table),
                     compute_logits=completes,
@@ -229,11 +250,14 @@ class Scheduler:
         return children
 
     def update_computed(self, plan: StepPlan) -> None:
-        """After the model ran: the scheduled tokens are now in the cache."""
+        """Once the step is launched: its tokens are in the cache for every later step (the device runs
+        steps in order), and each sampling row's sequence awaits one token."""
         for scheduled in plan.seqs:
             seq = self.seqs_by_id[scheduled.seq_id]
             seq.num_computed_tokens += len(scheduled.token_ids)
             self.block_manager.cache_full_blocks(seq)
+        for row in plan.sampling_rows:
+            self.seqs_by_id[row.seq_id].num_pending += 1
 
 
 def _sampling_row(seq: Sequence, logits_index: int) -> SamplingRow:

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from .sampling_params import SamplingParams
 
 
+PENDING_TOKEN = -1  # a step input whose id is still on the device (see Sequence.num_pending)
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -44,6 +47,10 @@ class Sequence:
         self._token_ids = token_ids
         self.num_prompt_tokens = request.num_prompt_tokens
         self.num_computed_tokens = 0
+        # NOTE: tokens sampled by a launched step whose ids the host has not read yet (async scheduling):
+        # the scheduler counts them, `token_ids` does not hold them. At most two (the step in flight and
+        # the one launched after it).
+        self.num_pending = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # prefix-cache names of its full blocks, memoised
         self.status = SequenceStatus.WAITING
@@ -54,18 +61,23 @@ class Sequence:
         self.logprobs: list[TokenLogprob] = []
         self.num_preemptions = 0
 
-    # NOTE: the read-only views below are the only way other rooms see the tokens.
+    # NOTE: the read-only views below are the only way other rooms see the tokens. `token_ids` and
+    # `output_token_ids` hold the known tokens; the counts include the pending ones (the scheduler's view).
     @property
     def token_ids(self) -> list[int]:
         return self._token_ids
 
     @property
-    def num_tokens(self) -> int:
+    def num_known_tokens(self) -> int:
         return len(self._token_ids)
 
     @property
+    def num_tokens(self) -> int:
+        return len(self._token_ids) + self.num_pending
+
+    @property
     def num_output_tokens(self) -> int:
-        return len(self._token_ids) - self.num_prompt_tokens
+        return self.num_tokens - self.num_prompt_tokens
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -73,7 +85,7 @@ class Sequence:
 
     @property
     def num_uncomputed_tokens(self) -> int:
-        return len(self._token_ids) - self.num_computed_tokens
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def is_finished(self) -> bool:
@@ -85,6 +97,9 @@ class Sequence:
         return (self.request.arrival_index, self.index)
 
     def append_token(self, token: TokenLogprob) -> None:
+        """A sampled token is known: it takes the place of the oldest pending one, if any."""
+        if self.num_pending:
+            self.num_pending -= 1
         self._token_ids.append(token.token_id)
         self.cumulative_logprob += token.logprob
         if self.request.params.logprobs is not None:
@@ -101,7 +116,8 @@ class Sequence:
     def __repr__(self) -> str:
         return (
             f"Sequence(id={self.seq_id}, req={self.request.request_id}, idx={self.index}, "
-            f"tokens={self.num_tokens}, computed={self.num_computed_tokens}, blocks={self.block_table})"
+            f"tokens={self.num_tokens}, pending={self.num_pending}, computed={self.num_computed_tokens}, "
+            f"blocks={self.block_table})"
         )
 
 

@@ -10,7 +10,8 @@ from bento_pagedllm import AsyncLLMEngine, EngineArgs, RequestError, SamplingPar
 @pytest.fixture(scope="module")
 def engine(tiny_llama3_dir):
     engine = AsyncLLMEngine(EngineArgs(model=tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=512,
-                                       max_model_len=1024, max_num_seqs=256, max_num_batched_tokens=1024))
+                                       max_model_len=1024, max_num_seqs=256, max_num_batched_tokens=1024,
+                                       async_scheduling=True))
     yield engine
     engine.shutdown()
 

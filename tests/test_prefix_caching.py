@@ -121,7 +121,9 @@ def test_counts_stay_exact_through_random_reuse_preemption_and_abort():
 @pytest.fixture(scope="module")
 def llms(tiny_llama3_dir):
     kwargs = dict(dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=1024, max_num_batched_tokens=128)
-    return LLM(tiny_llama3_dir, **kwargs), LLM(tiny_llama3_dir, enable_prefix_caching=False, **kwargs)
+    # NOTE: the cached engine schedules asynchronously, so block naming also meets pending tokens
+    return (LLM(tiny_llama3_dir, async_scheduling=True, **kwargs),
+            LLM(tiny_llama3_dir, enable_prefix_caching=False, **kwargs))
 
 
 def test_outputs_identical_with_and_without_prefix_caching(llms):
