@@ -76,6 +76,9 @@ def engine_kwargs(args) -> dict:
     kwargs = dict(dtype=args.dtype, device=args.device, enable_prefix_caching=not args.no_prefix_caching)
     if args.sync_scheduling:
         kwargs["async_scheduling"] = False
+    for name in ("max_num_seqs", "max_num_batched_tokens", "max_graph_batch"):
+        if getattr(args, name) is not None:
+            kwargs[name] = getattr(args, name)
     if args.shape:
         kwargs["load_format"] = "dummy"
     return kwargs
@@ -238,6 +241,9 @@ def main() -> None:
     parser.add_argument("--model-path", default=None, help="a model dir or .gguf (instead of --shape)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-graph-batch", type=int, default=None)
     parser.add_argument("--sync-scheduling", action="store_true", help="read each step before planning the next")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--url", default="http://127.0.0.1:3000")

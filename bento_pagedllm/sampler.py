@@ -163,7 +163,7 @@ class PenaltyBatch:
 @dataclass(frozen=True)
 class SamplerOutput:
     token_ids: torch.Tensor  # [rows] int64
-    logprobs: torch.Tensor  # [rows] float32, of the chosen tokens
+    logprobs: torch.Tensor | None  # [rows] float32, of the chosen tokens; None when no row asks
     top_ids: torch.Tensor | None  # [rows, k]
     top_logprobs: torch.Tensor | None  # [rows, k]
 
@@ -182,7 +182,7 @@ class SamplerOutput:
 @dataclass(frozen=True)
 class HostSamples:
     token_ids: torch.Tensor  # [rows] int64, on the host
-    logprobs: torch.Tensor  # [rows] float32
+    logprobs: torch.Tensor | None  # [rows] float32
     top_ids: torch.Tensor | None
     top_logprobs: torch.Tensor | None
     copied: "torch.cuda.Event | None" = None  # recorded after the device-to-host copies
@@ -192,7 +192,7 @@ class HostSamples:
         if self.copied is not None:
             self.copied.synchronize()
         ids = self.token_ids.tolist()
-        lps = self.logprobs.tolist()
+        lps = self.logprobs.tolist() if self.logprobs is not None else [None] * len(rows)
         top_ids = self.top_ids.tolist() if self.top_ids is not None else None
         top_lps = self.top_logprobs.tolist() if self.top_logprobs is not None else None
         out = []
@@ -229,8 +229,10 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         raw_logprobs = torch.log_softmax(raw_logits, dim=-1)  # [rows, vocab]
         chosen = raw_logprobs.gather(1, tokens[:, None])[:, 0]
         top_lps, top_ids = raw_logprobs.topk(batch.num_logprobs, dim=-1)
-    else:  # the chosen token's log-probability without materialising the whole log-softmax
+    elif batch.num_logprobs == 0:  # the chosen token's only: no need for the whole log-softmax
         chosen = raw_logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(raw_logits, dim=-1)
+    else:  # NOTE: no row asked for log-probabilities: none are computed (as in vLLM)
+        chosen = None
     return SamplerOutput(tokens, chosen, top_ids, top_lps)
 
 

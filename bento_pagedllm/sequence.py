@@ -30,7 +30,7 @@ class TokenLogprob:
     """The chosen token's log-probability and the top alternatives at that position."""
 
     token_id: int
-    logprob: float
+    logprob: float | None  # None when the request asked for no log-probabilities
     top: tuple[tuple[int, float], ...] = ()
 
 
@@ -57,7 +57,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
         self.rng_seed = rng_seed
-        self.cumulative_logprob = 0.0
+        self.cumulative_logprob: float | None = 0.0 if request.params.logprobs is not None else None
         self.logprobs: list[TokenLogprob] = []
         self.num_preemptions = 0
 
@@ -101,7 +101,8 @@ class Sequence:
         if self.num_pending:
             self.num_pending -= 1
         self._token_ids.append(token.token_id)
-        self.cumulative_logprob += token.logprob
+        if self.cumulative_logprob is not None:
+            self.cumulative_logprob += token.logprob
         if self.request.params.logprobs is not None:
             self.logprobs.append(token)
 

@@ -168,10 +168,17 @@ def test_invalid_params_are_rejected(bad):
 
 def test_min_tokens_bans_eos_and_stop_ids_until_reached():
     logits = torch.tensor([[0.0, 5.0, 4.0, 1.0]] * 3)  # token 1 (say eos) wins, then token 2
-    rows = rows_for([SamplingParams(temperature=0.0, min_tokens=3), SamplingParams(temperature=0.0, min_tokens=3),
+    rows = rows_for([SamplingParams(temperature=0.0, min_tokens=3, logprobs=0),
+                     SamplingParams(temperature=0.0, min_tokens=3),
                      SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[2], ignore_eos=True)],
                     positions=[2, 3, 0])
     out = sample(logits, SamplingBatch.from_rows(rows, 4, logits.device, eos_token_ids=(1,)))
     # row 0 is still short of min_tokens: eos banned; row 1 reached it; row 2 ignores eos but bans stop id 2
     assert out.token_ids.tolist() == [2, 1, 1]
     assert torch.allclose(out.logprobs[0], torch.log_softmax(logits[0], -1)[2])  # logprobs stay the model's
+
+
+def test_no_logprobs_are_computed_unless_asked():
+    logits = torch.randn(2, 16)
+    out = sample(logits, SamplingBatch.from_rows(rows_for([SamplingParams(temperature=0.0)] * 2), 16, logits.device))
+    assert out.logprobs is None and out.token_ids.tolist() == logits.argmax(-1).tolist()
