@@ -16,5 +16,11 @@ case $part in
     run single_stream_peers 200 python3 bench/single_stream.py --models smollm2-135m llama2-7b --peers eager,compile --runs 2 --out "$out/single_stream_peers.json"
     run transformers_cb_llama2-7b 170 python3 bench/serve.py --mode transformers --shape llama2-7b --requests $R --out "$out/transformers_cb_llama2-7b.json"
     ;;
+  peers)
+    run single_stream_peers 230 python3 bench/single_stream.py --models smollm2-135m llama2-7b --peers eager,compile --runs 2 --out "$out/single_stream_peers.json"
+    for pc in on off; do flag=$([ $pc = off ] && echo --no-prefix-caching)
+      run prefix_${pc} 60 python3 bench/serve.py --mode async --shape llama2-7b --requests bench/data/requests_rate20.jsonl --limit 200 --shared-prefix-tokens 1000 --dtype bfloat16 $flag --out "$out/prefix_${pc}_llama2-7b.json"; done
+    run transformers_cb_llama2-7b 260 python3 bench/serve.py --mode transformers --shape llama2-7b --requests $R --out "$out/transformers_cb_llama2-7b.json"
+    ;;
 esac
-for f in "$out"/*.json; do echo "== $f"; grep -E '"(completed|duration_s|request_throughput|output_throughput|idle_fraction|decode_tok_s|roofline_tok_s|engine_vs_[a-z_]+)"' "$f"; done
+for f in "$out"/*.json; do echo "== $f"; grep -E '"(completed|duration_s|request_throughput|output_throughput|idle_fraction|decode_tok_s|roofline_tok_s|engine_vs_[a-z_]+|median)"' "$f"; done

@@ -59,6 +59,13 @@ def report(records: list[dict], wall: float, extra: dict) -> dict:
     }
 
 
+def shared_prefix(num_tokens: int) -> list[int]:
+    import random
+
+    rng = random.Random(99)
+    return [rng.randrange(10, 30000) for _ in range(num_tokens)]
+
+
 def shape_dir(shape: str) -> str:
     import os
     import tempfile
@@ -156,6 +163,8 @@ def run_transformers(args, requests) -> dict:
                 continue
             if result.is_finished() and result.request_id in pending:
                 pending.discard(result.request_id)
+                if len(pending) % 50 == 0:
+                    print(f"transformers: {len(pending)} left after {time.perf_counter() - start:.1f} s", flush=True)
                 now = time.perf_counter()
                 record = records[result.request_id]
                 record["ok"] = True
@@ -165,6 +174,7 @@ def run_transformers(args, requests) -> dict:
     finally:
         manager.stop(block=True)
     return report(list(records.values()), wall, {"peer": "transformers continuous batching",
+                                                 "unfinished": len(pending),
                                                  "transformers": __import__("transformers").__version__})
 
 
@@ -188,9 +198,11 @@ async def replay(requests, send) -> tuple[list[dict], float]:
 
 
 def run_async(args, requests) -> dict:
-    from bento_pagedllm import AsyncLLMEngine, EngineArgs, SamplingParams
+    from bento_pagedllm import AsyncLLMEngine, EngineArgs, LLMEngine, SamplingParams
 
-    engine = AsyncLLMEngine(EngineArgs(model=args.model_path, **engine_kwargs(args)))
+    inner = LLMEngine(EngineArgs(model=args.model_path, **engine_kwargs(args)))
+    warm_up(inner)
+    engine = AsyncLLMEngine(engine=inner)
 
     async def send(r, record):
         params = SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True)
@@ -199,10 +211,11 @@ def run_async(args, requests) -> dict:
             record["ok"] = out.finished
 
     records, wall = asyncio.run(replay(requests, send))
-    inner = engine.engine
     engine.shutdown()
     return report(records, wall, {"kv_blocks": inner.block_manager.num_blocks,
-                                  "preemptions": inner.scheduler.num_preemptions_total})
+                                  "preemptions": inner.scheduler.num_preemptions_total,
+                                  "prefix_hit_tokens": inner.block_manager.prefix_hit_tokens,
+                                  "prefix_caching": inner.configs.cache.enable_prefix_caching})
 
 
 def run_online(args, requests) -> dict:
@@ -241,6 +254,8 @@ def main() -> None:
     parser.add_argument("--model-path", default=None, help="a model dir or .gguf (instead of --shape)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--shared-prefix-tokens", type=int, default=0,
+                        help="prepend the same N random tokens (a system prompt) to every request")
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--max-graph-batch", type=int, default=None)
@@ -254,6 +269,9 @@ def main() -> None:
     if args.shape:
         args.model_path = shape_dir(args.shape)
     requests = load(args.requests, args.limit)
+    if args.shared_prefix_tokens:
+        shared = shared_prefix(args.shared_prefix_tokens)
+        requests = [dict(r, prompt_ids=shared + r["prompt_ids"]) for r in requests]
     run = {"offline": run_offline, "async": run_async, "online": run_online, "transformers": run_transformers}[args.mode]
     result = {"date": datetime.date.today().isoformat(), "mode": args.mode, "requests_file": args.requests,
               "num_requests": len(requests), "shape": args.shape, **run(args, requests)}

@@ -105,15 +105,15 @@ def bench_transformers(path: str, prompt: list[int], runs: int, compiled: bool) 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.bfloat16).cuda().eval()
-    if compiled:
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    # NOTE: with a static cache, generate compiles the decoding forward itself (its CompileConfig:
+    # inductor, fullgraph, CUDA graphs); `disable_compile` gives the eager path
     ids = torch.tensor([prompt], device="cuda")
 
     def generate(new: int) -> float:
         torch.cuda.synchronize()
         start = time.perf_counter()
         model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
-                       cache_implementation="static")
+                       cache_implementation="static", disable_compile=not compiled)
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
