@@ -22,5 +22,12 @@ case $part in
       run prefix_${pc} 60 python3 bench/serve.py --mode async --shape llama2-7b --requests bench/data/requests_rate20.jsonl --limit 200 --shared-prefix-tokens 1000 --dtype bfloat16 $flag --out "$out/prefix_${pc}_llama2-7b.json"; done
     run transformers_cb_llama2-7b 260 python3 bench/serve.py --mode transformers --shape llama2-7b --requests $R --out "$out/transformers_cb_llama2-7b.json"
     ;;
+  final)
+    for pc in on off; do flag=$([ $pc = off ] && echo --no-prefix-caching)
+      run prefix_${pc} 50 python3 bench/serve.py --mode async --shape llama2-7b --requests bench/data/requests_rate20.jsonl --limit 200 --shared-prefix-tokens 1000 --dtype bfloat16 $flag --out "$out/prefix_${pc}_llama2-7b.json"; done
+    run serve_offline_llama2-7b 60 python3 bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    run serve_offline_llama3-8b 60 python3 bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama3-8b.json"
+    run single_stream_7b 200 python3 bench/single_stream.py --models llama2-7b --peers compile --runs 2 --out "$out/single_stream_llama2-7b.json"
+    ;;
 esac
 for f in "$out"/*.json; do echo "== $f"; grep -E '"(completed|duration_s|request_throughput|output_throughput|idle_fraction|decode_tok_s|roofline_tok_s|engine_vs_[a-z_]+|median)"' "$f"; done

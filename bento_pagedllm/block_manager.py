@@ -55,7 +55,7 @@ class BlockManager:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
             hashes.append(hash((parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))))
-        return hashes[:num_blocks]
+        return hashes  # NOTE: may be longer than asked (memo); callers index it
 
     def match_prefix(self, seq: Sequence) -> int:
         """Give a sequence with no blocks the cached blocks of its longest named prefix; returns the number
@@ -69,7 +69,7 @@ class BlockManager:
             return 0
         full = (seq.num_tokens - 1) // self.block_size
         self.prefix_query_tokens += full * self.block_size
-        for name in self._prefix_hashes(seq, full):
+        for name in self._prefix_hashes(seq, full)[:full]:
             block = self._cached.get(name)
             if block is None:
                 break
@@ -77,6 +77,7 @@ class BlockManager:
                 del self._free[block]
             self.ref_counts[block] += 1
             seq.block_table.append(block)
+        seq.num_named_blocks = len(seq.block_table)
         hit = len(seq.block_table) * self.block_size
         self.prefix_hit_tokens += hit
         seq.num_computed_tokens = hit
@@ -88,11 +89,15 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full = min(seq.num_computed_tokens, seq.num_known_tokens) // self.block_size
-        for i, name in enumerate(self._prefix_hashes(seq, full)):
-            block = seq.block_table[i]
+        if full <= seq.num_named_blocks:
+            return  # NOTE: incremental: each block is offered once, so a step costs O(new blocks)
+        hashes = self._prefix_hashes(seq, full)
+        for i in range(seq.num_named_blocks, full):
+            block, name = seq.block_table[i], hashes[i]
             if self._name_of[block] is None and name not in self._cached:
                 self._name_of[block] = name
                 self._cached[name] = block
+        seq.num_named_blocks = full
 
     # ---- allocation ----------------------------------------------------------------------------
     def _shared_blocks_to_write(self, seq: Sequence, num_new_tokens: int) -> list[int]:
@@ -137,6 +142,7 @@ class BlockManager:
             if self.ref_counts[block] == 0:
                 self._free[block] = None
         seq.block_table = []
+        seq.num_named_blocks = 0
 
     def _take(self) -> int:
         """The least recently freed block, its old name (if any) evicted."""

@@ -53,6 +53,7 @@ class Sequence:
         self.num_pending = 0
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # prefix-cache names of its full blocks, memoised
+        self.num_named_blocks = 0  # leading blocks of the table already offered to the prefix cache
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
@@ -111,6 +112,7 @@ class Sequence:
         child = Sequence(self.request, index, list(self._token_ids), rng_seed)
         child.num_computed_tokens = self.num_computed_tokens
         child.block_hashes = list(self.block_hashes)
+        child.num_named_blocks = self.num_named_blocks
         child.status = self.status
         return child
 
