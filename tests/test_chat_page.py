@@ -196,6 +196,16 @@ def test_stop_aborts_the_request_on_the_server(page, server):
     wait_idle(server)  # and its KV blocks are free
     assert metric(server, "pagedllm_generation_tokens_total") - generated < 1500
 
+    # the stopped answer stays in the conversation as far as it got
+    shown = answer.locator(".content").text_content()
+    page.locator("#max-tokens").fill("4")
+    with page.expect_request("**/v1/chat/completions") as next_request:
+        ask(page, "Thanks.")
+    finished_answer(page, 1)
+    earlier = next_request.value.post_data_json["messages"][-2]
+    assert earlier["role"] == "assistant" and len(earlier["content"]) >= 20
+    assert earlier["content"].split()[:3] == shown.split()[:3]
+
 
 def test_api_errors_show_as_readable_messages(page, server):
     open_chat(page, server)
@@ -238,6 +248,12 @@ def test_markdown_is_rendered_and_markup_never_injected(page, server):
         in html
     assert "<ul><li>one</li><li>two</li></ul>" in html
     assert '<pre><code data-language="python">print(\'&lt;b&gt;\')</code></pre>' in html
+
+    # what a streamed answer looks like halfway, and what small models like to write
+    html = page.evaluate(RENDER, "3. third\n4. fourth\n\n> quoted snake_case_name\n\n```js\nlet x = 1;")
+    assert '<ol start="3"><li>third</li><li>fourth</li></ol>' in html
+    assert "<blockquote><p>quoted snake_case_name</p></blockquote>" in html  # no emphasis inside words
+    assert html.endswith('<pre><code data-language="js">let x = 1;</code></pre>')  # fence not closed yet
 
     hostile = "\n".join([
         '<img src="x" onerror="window.injected = 1"> <script>window.injected = 2</script>',

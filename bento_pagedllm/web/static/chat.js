@@ -147,13 +147,14 @@ function addAnswer() {
   };
 }
 
-const FINISH_NOTES = { length: "stopped at max tokens", stop: null };
-
 async function send() {
   const text = ui.prompt.value.trim();
   if (!text || state.generation || !ui.model.value) return;
   hideError();
-  state.history.push({ role: "user", content: text });
+  // this turn belongs to this conversation, even if "New chat" replaces it while the answer streams
+  const history = state.history;
+  history.push({ role: "user", content: text });
+  const body = requestBody();
   const userMessage = addUserMessage(text);
   ui.prompt.value = "";
   const answer = addAnswer();
@@ -167,8 +168,7 @@ async function send() {
   let outcome = "complete";
   let failure = null;
   try {
-    const chunks = streamChatCompletion(requestBody(), { apiKey: state.apiKey, signal: controller.signal });
-    for await (const chunk of chunks) {
+    for await (const chunk of streamChatCompletion(body, { apiKey: state.apiKey, signal: controller.signal })) {
       const choice = chunk.choices[0];
       if (choice?.delta?.content) {
         timer.onContent();
@@ -189,19 +189,19 @@ async function send() {
     updateButtons();
   }
 
-  if (failure && !answer.text) {
-    // nothing came back: undo the turn and give the words back, so the user can fix the cause and resend
-    state.history.pop();
+  if (!answer.text && outcome !== "complete") {
+    // nothing came back: undo the turn and give the words back, to fix the cause (or think again) and resend
+    history.pop();
     userMessage.remove();
     answer.item.remove();
-    if (!ui.prompt.value) ui.prompt.value = text;
+    if (!ui.prompt.value && history === state.history) ui.prompt.value = text;
   } else {
     // a stopped or broken answer stays in the conversation as far as it got
-    state.history.push({ role: "assistant", content: answer.text });
+    history.push({ role: "assistant", content: answer.text });
     const notes = [describeSummary(timer.summary(usage?.completion_tokens ?? null))];
     if (outcome === "stopped") notes.push("stopped");
     if (outcome === "failed") notes.push("interrupted");
-    if (FINISH_NOTES[finishReason]) notes.push(FINISH_NOTES[finishReason]);
+    if (finishReason === "length") notes.push("max tokens reached");
     answer.finish(outcome, notes.join(" · "));
   }
   if (failure) {

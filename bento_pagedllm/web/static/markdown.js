@@ -146,13 +146,20 @@ function inline(text) {
 }
 
 function inlineNode(match) {
-  const [whole, , code, strong, strongUnderscore, emphasis, emphasisUnderscore, strike, linkText, linkUrl] = match;
-  if (code !== undefined) return element("code", code.length > 2 && code.startsWith(" ") && code.endsWith(" ") ? code.slice(1, -1) : code);
-  if (strong !== undefined || strongUnderscore !== undefined) return element("strong", ...inline(strong ?? strongUnderscore));
-  if (emphasis !== undefined || emphasisUnderscore !== undefined) return element("em", ...inline(emphasis ?? emphasisUnderscore));
+  const [whole, , code, strong, strongAlt, emphasis, emphasisAlt, strike, linkText, linkUrl] = match;
+  if (code !== undefined) return element("code", stripOneSpace(code));
+  if (strong !== undefined || strongAlt !== undefined) return element("strong", ...inline(strong ?? strongAlt));
+  if (emphasis !== undefined || emphasisAlt !== undefined) {
+    return element("em", ...inline(emphasis ?? emphasisAlt));
+  }
   if (strike !== undefined) return element("del", ...inline(strike));
   if (linkText !== undefined) return link(linkUrl, inline(linkText), whole);
-  return link(whole, [whole], whole);
+  return link(whole, [whole], whole); // a bare URL
+}
+
+// "`` `x` ``" shows as "`x`": one space on each side lets a code span start or end with a backtick
+function stripOneSpace(code) {
+  return code.length > 2 && code.startsWith(" ") && code.endsWith(" ") ? code.slice(1, -1) : code;
 }
 
 function link(url, children, source) {
