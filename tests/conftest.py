@@ -49,6 +49,16 @@ def smollm2_model(smollm2_gguf_path):
 
 
 @pytest.fixture(scope="session")
+def server(smollm2_model, tmp_path_factory):
+    """One real `bentoml serve service:svc` (default model, CPU, API key `serving.API_KEY`) for the whole session,
+    shared by the API tests and the browser tests; yields its base URL."""
+    from serving import bentoml_serve
+
+    with bentoml_serve(tmp_path_factory.mktemp("server") / "serve.log", tmp_path_factory.mktemp("prom")) as base:
+        yield base
+
+
+@pytest.fixture(scope="session")
 def smollm2_hf_dir(smollm2_model) -> str:
     """SmolLM2-135M-Instruct as a transformers directory (float32 safetensors + tokenizer)."""
     return smollm2_model.path

@@ -1,4 +1,5 @@
-"""`bentoml build` offline: the bento's service target, its model reference and the generated Dockerfile."""
+"""`bentoml build` offline: the bento's service target, its model reference and the generated Dockerfile; and
+the wheel's package data."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import yaml
+
+from bento_pagedllm.web import STATIC_DIR
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -31,10 +35,11 @@ def test_bentoml_build_offline_references_the_model(smollm2_model):
     models = [m["tag"] for service in manifest["services"] for m in service["models"]]
     assert models == [str(smollm2_model.tag)], (models, info)
     assert {e["name"]: e["value"] for e in manifest["envs"]} == {"PAGEDLLM_DEVICE": "cuda", "PAGEDLLM_DTYPE": "bfloat16"}
-    # the engine's source travels with the bento; tests and benchmarks do not
+    # the engine's source and the chat page travel with the bento; tests and benchmarks do not
     src = os.path.join(bento_dir, "src")
     for path in ("service.py", "bento_pagedllm/engine.py", "bento_pagedllm/openai/routes.py",
-                 "bento_pagedllm/kernels/__init__.py"):
+                 "bento_pagedllm/kernels/__init__.py", "bento_pagedllm/web/app.py",
+                 *(f"bento_pagedllm/web/static/{name}" for name in os.listdir(STATIC_DIR))):
         assert os.path.isfile(os.path.join(src, path)), path
     assert not os.path.exists(os.path.join(src, "tests"))
     with open(os.path.join(bento_dir, "env", "docker", "Dockerfile")) as f:
@@ -47,3 +52,17 @@ def test_bentoml_build_offline_references_the_model(smollm2_model):
     with open(os.path.join(bento_dir, "env", "python", "requirements.txt")) as f:
         requirements = f.read()
     assert "torch" in requirements and "bentoml" in requirements
+
+
+@pytest.mark.timeout(300)
+def test_the_wheel_ships_the_chat_page(tmp_path):
+    """pyproject's package data: an installed package serves /chat from the same files as the source tree."""
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                             "-w", str(tmp_path), REPO], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (wheel,) = tmp_path.glob("bento_pagedllm-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    for name in os.listdir(STATIC_DIR):
+        assert f"bento_pagedllm/web/static/{name}" in names, name
+    assert "bento_pagedllm/web/app.py" in names

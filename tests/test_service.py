@@ -1,81 +1,22 @@
-"""The real thing: `bentoml serve service:svc` in a subprocess, driven by the official openai client."""
+"""The real thing: `bentoml serve service:svc` in a subprocess (conftest's `server`), driven by the official
+openai client."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
+from serving import API_KEY, MODEL, NUM_KV_BLOCKS, metric, wait_idle
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.dirname(sys.executable)
-API_KEY = "test-key-123"
-MODEL = "smollm2-135m-instruct"
 pytestmark = pytest.mark.timeout(900)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_model, tmp_path_factory):
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("server") / "serve.log"
-    env = dict(os.environ, PAGEDLLM_API_KEY=API_KEY, PAGEDLLM_DEVICE="cpu", PAGEDLLM_NUM_KV_BLOCKS="512",
-               PAGEDLLM_MAX_MODEL_LEN="2048", PATH=f"{BIN}:{os.environ['PATH']}",
-               PROMETHEUS_MULTIPROC_DIR=str(tmp_path_factory.mktemp("prom")))
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([os.path.join(BIN, "bentoml"), "serve", "service:svc", "--port", str(port),
-                                 "--host", "127.0.0.1"], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 240
-    while True:
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise RuntimeError(f"server did not become ready:\n{log_path.read_text()[-4000:]}")
-        time.sleep(0.5)
-    yield base
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=300)
-
-
-def metric(base: str, name: str) -> float:
-    text = httpx.get(f"{base}/metrics", timeout=10).text
-    values = [float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+-]+)$", text, re.M)]
-    assert values, f"{name} missing from /metrics"
-    return sum(values)
-
-
-def wait_idle(base: str, timeout: float = 30.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if metric(base, "pagedllm_requests_unfinished") == 0 and metric(base, "pagedllm_kv_blocks_used") == 0:
-            return
-        time.sleep(0.2)
-    raise AssertionError("requests or KV blocks left behind")
 
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -164,7 +105,7 @@ def test_disconnect_mid_stream_frees_everything(server):
             lines += bool(line)
             if lines >= 3:
                 break
-    assert metric(server, "pagedllm_kv_blocks_total") == 512
+    assert metric(server, "pagedllm_kv_blocks_total") == NUM_KV_BLOCKS
     wait_idle(server)
     assert metric(server, "pagedllm_requests_aborted_total") >= 1
 
