@@ -143,3 +143,31 @@ def test_outputs_identical_with_and_without_prefix_caching(llms):
             assert abs(x.logprob - y.logprob) < 1e-4
     for llm in llms:
         assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
+def test_a_cached_prefix_gives_the_first_token_sooner(tiny_llama3_dir, async_scheduling):
+    """A 700-token shared prefix with 512 tokens a step: computed, a prompt needs two steps; cached, one."""
+    rng = random.Random(0)
+    shared = [rng.randrange(10, 30000) for _ in range(700)]
+    steps_to_first = {}
+    for caching in (True, False):
+        llm = LLM(tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=400, max_model_len=1024,
+                  max_num_batched_tokens=512, async_scheduling=async_scheduling, enable_prefix_caching=caching)
+        engine, counts = llm.engine, []
+        for i in range(4):
+            request_id = f"r{i}"
+            engine.add_request(request_id, shared + [rng.randrange(10, 30000) for _ in range(100)],
+                               SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+            steps = 0
+            while True:
+                steps += 1
+                if any(out.request_id == request_id for out in engine.step()):
+                    break
+            counts.append(steps)
+            while engine.has_unfinished_requests():
+                engine.step()
+        steps_to_first[caching] = counts
+    lag = 1 if async_scheduling else 0  # with async scheduling a step's token is read by the next call
+    assert steps_to_first[False] == [2 + lag] * 4
+    assert steps_to_first[True] == [2 + lag] + [1 + lag] * 3  # the first request fills the cache
