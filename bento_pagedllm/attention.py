@@ -1,6 +1,7 @@
 """Paged attention behind one interface: the metadata of a step and the backends that consume it.
 
-The model calls `backend.forward(q, k, v, kv_cache, metadata)` once per layer. The metadata describes a
+The model stores each layer's new keys and values in the cache (with the rotary embedding, one fused
+operator), then calls `backend.forward(q, kv_cache, metadata, scale)`, which reads only the cache. The metadata describes a
 varlen batch: sequence i owns query tokens `query_start_loc[i]:query_start_loc[i+1]` (its new tokens this
 step), which sit at the end of its `seq_lens[i]` context tokens in the cache, found through
 `block_tables[i]`. Prefill chunks, decodes and recomputes are all the same shape of problem.
@@ -31,6 +32,9 @@ class AttentionMetadata:
     decode_indices: torch.Tensor  # [num_decodes] int64: sequences with exactly one new token
     decode_token_indices: torch.Tensor  # [num_decodes] int64: their token positions in the batch
     decode_indices_host: tuple[int, ...]
+    # NOTE: set by the decode graphs of short contexts, whose length bound makes one split enough (no
+    # combine step); None lets the backend choose from seq_lens_host
+    decode_num_splits: int | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -40,13 +44,16 @@ class AttentionMetadata:
 def write_kv_cache_ref(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Store the new tokens' keys and values in their cache slots.
+    """Store the new tokens' keys and values in their cache slots; a negative slot (padding) stores nothing.
 
     k, v: [num_tokens, num_kv_heads, head_dim]; caches: [num_blocks, block_size, num_kv_heads, head_dim].
     """
     num_kv_heads, head_dim = k.shape[1:]
-    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v)
+    if bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
 def _gather_context(cache: torch.Tensor, block_tables: torch.Tensor, max_len: int) -> torch.Tensor:
@@ -106,14 +113,11 @@ class TorchAttentionBackend:
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        v: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # the step's keys and values already stored
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
         k_cache, v_cache = kv_cache
-        write_kv_cache_ref(k, v, k_cache, v_cache, meta.slot_mapping)
         num_decodes = len(meta.decode_indices_host)
         if num_decodes == meta.num_seqs:  # the steady state: every sequence decodes one token
             return paged_attention_ref(

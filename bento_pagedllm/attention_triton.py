@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from .attention import AttentionMetadata
-from .kernels.kv_cache import write_kv_cache
 from .kernels.paged_decode import choose_num_splits, paged_decode_attention
 from .kernels.paged_prefill import paged_prefill_attention
 
@@ -24,17 +23,15 @@ class TritonAttentionBackend:
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        v: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],  # each [num_blocks, block_size, num_kv_heads, head_dim]
         meta: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
         k_cache, v_cache = kv_cache
-        write_kv_cache(k, v, k_cache, v_cache, meta.slot_mapping)
         if len(meta.decode_indices_host) == meta.num_seqs:  # every sequence decodes one token
             # NOTE: one query token per sequence, so the tokens are the sequences, in order
-            num_splits = choose_num_splits(max(meta.seq_lens_host), meta.num_seqs, k_cache.shape[2], q.device)
+            num_splits = meta.decode_num_splits or choose_num_splits(
+                max(meta.seq_lens_host), meta.num_seqs, k_cache.shape[2], q.device)
             return paged_decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits=num_splits
             )

@@ -7,9 +7,10 @@ inputs from the same static buffers, which the runner fills before each replay.
 NOTE: invariants that make a padded replay safe:
 - padding rows have slot -1 (the cache write skips them), context length 1 and position 0, and their
   outputs are dropped; they read valid (if stale) cache memory and never write it;
-- graphs were captured with the block-table width of `max_model_len` and context lengths of
-  `max_model_len`, so every kernel parameter derived from lengths (the decode kernel's split count)
-  covers any real step;
+- graphs were captured with the block-table width of `max_model_len`; each batch size has a graph for
+  contexts up to SHORT_CONTEXT (one split: decode attention needs no combine step, which is most of a
+  small model's attention time) and one for contexts up to `max_model_len` (split count chosen for that
+  length), and a step replays the first whose bound covers its longest context;
 - the KV cache is allocated before capture and never reallocated (graphs hold its addresses).
 """
 
@@ -23,6 +24,8 @@ import torch
 from .attention import AttentionMetadata
 
 logger = logging.getLogger(__name__)
+
+SHORT_CONTEXT = 1024  # tokens: one program reads that much of a KV head in a few microseconds
 
 
 def batch_size_ladder(max_batch: int) -> list[int]:
@@ -60,41 +63,45 @@ class DecodeGraphs:
         self.rows = torch.arange(top, dtype=torch.int64, device=device)
         # NOTE: the host twins are rewritten only after the device has read them for the previous step
         self.inputs_copied = torch.cuda.Event()
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.context_bounds = sorted({min(SHORT_CONTEXT, max_model_len), max_model_len})
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
 
-    def _metadata(self, batch: int) -> AttentionMetadata:
+    def _metadata(self, batch: int, context_bound: int) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:batch],
             query_start_loc=self.query_start_loc[: batch + 1],
             seq_lens=self.seq_lens[:batch],
             block_tables=self.block_tables[:batch],
             query_lens_host=(1,) * batch,
-            seq_lens_host=(self.max_model_len,) * batch,
+            seq_lens_host=(context_bound,) * batch,
             decode_indices=self.rows[:batch],
             decode_token_indices=self.rows[:batch],
             decode_indices_host=tuple(range(batch)),
+            decode_num_splits=1 if context_bound < self.max_model_len else None,
         )
 
     @torch.inference_mode()
     def capture(self) -> None:
         start = time.perf_counter()
         pool = None
-        for batch in reversed(self.sizes):  # largest first: the smaller graphs reuse its memory pool
-            meta = self._metadata(batch)
-            args = (self.input_ids[:batch], self.positions[:batch], self.kv_caches, meta)
-            for _ in range(2):  # warm-up: compiles the kernels, settles the allocator
-                self.model(*args)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self.model(*args)
-            pool = graph.pool()
-            self.graphs[batch] = (graph, out)
+        # largest first: the smaller graphs reuse its memory pool
+        for batch in reversed(self.sizes):
+            for bound in reversed(self.context_bounds):
+                meta = self._metadata(batch, bound)
+                args = (self.input_ids[:batch], self.positions[:batch], self.kv_caches, meta)
+                for _ in range(2):  # warm-up: compiles the kernels, settles the allocator
+                    self.model(*args)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.model(*args)
+                pool = graph.pool()
+                self.graphs[batch, bound] = (graph, out)
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
-        logger.info("captured %d decode graphs (batch 1..%d) in %.1f s", len(self.sizes), self.sizes[-1],
-                    self.capture_seconds)
+        logger.info("captured %d decode graphs (batch 1..%d, contexts up to %s) in %.1f s", len(self.graphs),
+                    self.sizes[-1], self.context_bounds, self.capture_seconds)
 
     def fits(self, num_seqs: int) -> bool:
         return num_seqs <= self.sizes[-1]
@@ -123,6 +130,7 @@ class DecodeGraphs:
         self.inputs_copied.record()
         if pending is not None:
             pending.apply(self.input_ids)
-        graph, out = self.graphs[batch]
+        bound = next(b for b in self.context_bounds if b >= max(seq_lens))
+        graph, out = self.graphs[batch, bound]
         graph.replay()
         return out[:n]

@@ -15,9 +15,8 @@ from kernel_cases import (  # NOTE: conftest.py sets TRITON_INTERPRET=1 first wh
     check_decode,
     check_prefill,
     check_rms_norm,
-    check_rotary,
+    check_rotary_and_store_kv,
     check_silu_and_mul,
-    check_write_kv_cache,
     decode_case,
     prefill_case,
 )
@@ -87,12 +86,6 @@ def test_triton_backend_matches_torch_backend(case):
     check_backends_agree(case, DEVICE)
 
 
-@pytest.mark.parametrize("dtype", [F32, F16])
-@pytest.mark.parametrize("num_kv_heads,head_dim,block_size", [(2, 64, 16), (3, 32, 32)])
-def test_write_kv_cache_matches_reference(num_kv_heads, head_dim, block_size, dtype):
-    check_write_kv_cache(37, num_kv_heads, head_dim, block_size, dtype, DEVICE)
-
-
 @pytest.mark.parametrize("dtype,weight_dtype", [(F32, F32), (F16, F16), (F16, F32)])
 @pytest.mark.parametrize("hidden", [64, 576])  # 576: SmolLM2's width, not a power of two
 def test_rms_norm_matches_reference(hidden, dtype, weight_dtype):
@@ -100,9 +93,9 @@ def test_rms_norm_matches_reference(hidden, dtype, weight_dtype):
 
 
 @pytest.mark.parametrize("dtype", [F32, F16])
-@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(4, 1, 64), (3, 3, 32)])
-def test_rotary_matches_reference(num_heads, num_kv_heads, head_dim, dtype):
-    check_rotary(11, num_heads, num_kv_heads, head_dim, dtype, DEVICE)
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim,block_size", [(4, 1, 64, 16), (3, 3, 32, 32)])
+def test_rotary_and_kv_store_match_reference(num_heads, num_kv_heads, head_dim, block_size, dtype):
+    check_rotary_and_store_kv(37, num_heads, num_kv_heads, head_dim, block_size, dtype, DEVICE)
 
 
 @pytest.mark.parametrize("dtype", [F32, F16])

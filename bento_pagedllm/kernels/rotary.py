@@ -1,4 +1,6 @@
-"""Rotary position embeddings, rotate-half convention (Llama / transformers), on q and k in one launch.
+"""Rotary position embeddings, rotate-half convention (Llama / transformers), fused with the KV-cache
+write: one launch per layer rotates q and k and stores the rotated keys and the values in their paged
+cache slots (slot = block * block_size + offset, from the step's slot mapping).
 
 For a head vector x = [x1, x2] (halves) at position p: out = x * cos[p] + [-x2, x1] * sin[p], with the
 tables [max_pos, head_dim] as models/llama.py builds them (cat(freqs, freqs)). Numerics follow the eager
@@ -35,11 +37,12 @@ def _rotate_heads(x_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, to
 
 
 @triton.jit
-def _rotary_kernel(
-    q_ptr, k_ptr, q_out_ptr, k_out_ptr, positions_ptr, cos_ptr, sin_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_qot, stride_qoh, stride_kot, stride_koh, stride_cos,
+def _rotary_store_kv_kernel(
+    q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, positions_ptr, cos_ptr, sin_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qot, stride_qoh,
+    stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch, stride_cos,
     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, NUM_KV_HEADS: tl.constexpr, KV_HEADS_PAD: tl.constexpr,
-    HALF: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token)
@@ -53,42 +56,63 @@ def _rotary_kernel(
     s2 = tl.load(sin_ptr + table + HALF).to(dtype).to(tl.float32)
     _rotate_heads(q_ptr, q_out_ptr, stride_qt, stride_qh, stride_qot, stride_qoh, token, c1, c2, s1, s2,
                   NUM_HEADS, HEADS_PAD, HALF)
-    _rotate_heads(k_ptr, k_out_ptr, stride_kt, stride_kh, stride_kot, stride_koh, token, c1, c2, s1, s2,
-                  NUM_KV_HEADS, KV_HEADS_PAD, HALF)
+    slot = tl.load(slot_mapping_ptr + token)  # int64
+    if slot >= 0:  # NOTE: a negative slot is a padding token (a CUDA graph's): its K/V land nowhere
+        block = slot // BLOCK_SIZE
+        offset = slot % BLOCK_SIZE
+        # the rotated keys go straight to their cache slot (token stride 0: the slot is the base)
+        k_dst = k_cache_ptr + block * stride_kcb + offset * stride_kct
+        _rotate_heads(k_ptr, k_dst, stride_kt, stride_kh, 0, stride_kch, token, c1, c2, s1, s2,
+                      NUM_KV_HEADS, KV_HEADS_PAD, HALF)
+        heads = tl.arange(0, KV_HEADS_PAD)[:, None]
+        head_dims = tl.arange(0, 2 * HALF)[None, :]
+        mask = heads < NUM_KV_HEADS
+        v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + head_dims, mask=mask)
+        v_dst = v_cache_ptr + block * stride_vcb + offset * stride_vct + heads * stride_vch + head_dims
+        tl.store(v_dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def apply_rotary(
+def rotary_and_store_kv(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim], may be a strided view (a split of qkv)
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64; < 0 skips the token's K/V
     positions: torch.Tensor,  # [num_tokens] int64
     cos: torch.Tensor,  # [max_pos, head_dim] float32
     sin: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotated copies of q and k (new contiguous tensors; the inputs are left untouched)."""
+) -> torch.Tensor:
+    """Rotate q (returned as a new contiguous tensor) and k, and store the rotated keys and the values in
+    their cache slots: one launch, and the rotated keys never make a round trip through memory."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     assert head_dim % 2 == 0 and (head_dim // 2) & (head_dim // 2 - 1) == 0, "head_dim must be a power of two"
-    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos.stride() == sin.stride() and cos.stride(-1) == 1
-    q_out, k_out = torch.empty_like(q, memory_format=torch.contiguous_format), torch.empty_like(
-        k, memory_format=torch.contiguous_format
-    )
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+    assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1 and cos.stride() == sin.stride() and cos.stride(-1) == 1
+    q_out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_tokens:
-        _rotary_kernel[(num_tokens,)](
-            q, k, q_out, k_out, positions, cos, sin,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cos.stride(0),
+        _rotary_store_kv_kernel[(num_tokens,)](
+            q, k, v, q_out, k_cache, v_cache, slot_mapping, positions, cos, sin,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            q_out.stride(0), q_out.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], cos.stride(0),
             NUM_HEADS=num_heads, HEADS_PAD=triton.next_power_of_2(num_heads),
             NUM_KV_HEADS=num_kv_heads, KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-            HALF=head_dim // 2, num_warps=4,
+            HALF=head_dim // 2, BLOCK_SIZE=k_cache.shape[1], num_warps=4,
             enable_fp_fusion=False,  # NOTE: a fused multiply-add would skip a rounding torch does
         )
-    return q_out, k_out
+    return q_out
 
 
-def apply_rotary_ref(q, k, positions, cos, sin):
-    """The model's own torch path: tables looked up and rounded to the dtype, then rotate-half."""
-    from bento_pagedllm.models.ops import rotate_half_apply as model_apply_rotary  # NOTE: lazy, see rms_norm_ref
+def rotary_and_store_kv_ref(q, k, v, k_cache, v_cache, slot_mapping, positions, cos, sin):
+    """The model's own torch path: tables looked up and rounded to the dtype, rotate-half, then the
+    cache write (attention.py's)."""
+    # NOTE: lazy imports, see rms_norm_ref
+    from bento_pagedllm.attention import write_kv_cache_ref
+    from bento_pagedllm.models.ops import rotate_half_apply
 
     cos = cos[positions].to(q.dtype)[:, None, :]  # [num_tokens, 1, head_dim]
     sin = sin[positions].to(q.dtype)[:, None, :]
-    return model_apply_rotary(q, k, cos, sin)
+    q, k = rotate_half_apply(q, k, cos, sin)
+    write_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping)
+    return q

@@ -76,8 +76,8 @@ class LlamaDecoderLayer(nn.Module):
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = ops.apply_rotary(q, k, rotary_context)
-        attn = backend.forward(q, k, v, kv_cache, meta, self.scale)  # [num_tokens, num_heads, head_dim]
+        q = ops.rotary_and_store_kv(q, k, v, kv_cache, rotary_context, meta.slot_mapping)
+        attn = backend.forward(q, kv_cache, meta, self.scale)  # [num_tokens, num_heads, head_dim]
         hidden = self.o_proj(attn.reshape(num_tokens, self.q_size))
         hidden, residual = ops.add_rms_norm(hidden, residual, self.post_attention_layernorm, self.eps)
         hidden = self.down_proj(ops.silu_and_mul(self.gate_up_proj(hidden)))  # [num_tokens, hidden]

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..attention import write_kv_cache_ref
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm: normalise in float32, cast back, then scale."""
@@ -37,8 +39,11 @@ class TorchOps:
         """Per-step rotary inputs: the tables looked up once for all layers (cheap on the CPU)."""
         return cos[positions].to(dtype)[:, None, :], sin[positions].to(dtype)[:, None, :]
 
-    def apply_rotary(self, q, k, context):
-        return rotate_half_apply(q, k, *context)
+    def rotary_and_store_kv(self, q, k, v, kv_cache, context, slot_mapping):
+        """Rotate q and k, store k and v in their cache slots; returns the rotated q."""
+        q, k = rotate_half_apply(q, k, *context)
+        write_kv_cache_ref(k, v, *kv_cache, slot_mapping)
+        return q
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)  # [num_tokens, intermediate] each
@@ -52,7 +57,7 @@ class TritonOps:
         from ..kernels import activation, rms_norm as norm, rotary
 
         self._norm, self._fused_norm = norm.rms_norm, norm.fused_add_rms_norm
-        self._rotary, self.silu_and_mul = rotary.apply_rotary, activation.silu_and_mul
+        self._rotary_store_kv, self.silu_and_mul = rotary.rotary_and_store_kv, activation.silu_and_mul
 
     def add_rms_norm(self, x, residual, weight, eps):
         if residual is None:
@@ -62,8 +67,8 @@ class TritonOps:
     def rotary_context(self, positions, cos, sin, dtype):
         return positions, cos, sin  # the kernel looks the tables up itself
 
-    def apply_rotary(self, q, k, context):
-        return self._rotary(q, k, *context)
+    def rotary_and_store_kv(self, q, k, v, kv_cache, context, slot_mapping):
+        return self._rotary_store_kv(q, k, v, *kv_cache, slot_mapping, *context)
 
 
 def ops_for(device: torch.device) -> TorchOps | TritonOps:

@@ -71,10 +71,17 @@ def run_engine(model_dir, dtype, **engine_kwargs):
     return [final[f"p{i}"] for i in range(len(LENGTHS))]
 
 
-def test_float32_greedy_matches_transformers_exactly(tiny_dir):
+def test_float32_greedy_matches_transformers_exactly(tiny_dir, monkeypatch):
     ours = run_engine(tiny_dir, "float32")  # decode steps replay CUDA graphs
     eager = run_engine(tiny_dir, "float32", enforce_eager=True)
     assert [o.token_ids for o in ours] == [o.token_ids for o in eager]
+    from bento_pagedllm import cuda_graphs
+
+    # contexts here reach ~450 tokens: with a 256-token bound, both graph classes (one split, and split
+    # for max_model_len) replay
+    monkeypatch.setattr(cuda_graphs, "SHORT_CONTEXT", 256)
+    two_classes = run_engine(tiny_dir, "float32")
+    assert [o.token_ids for o in two_classes] == [o.token_ids for o in eager]
     for out, (tokens, logprobs) in zip(ours, reference(tiny_dir, torch.float32)):
         assert out.token_ids == tokens
         assert max(abs(a.logprob - b) for a, b in zip(out.logprobs, logprobs)) < 1e-3

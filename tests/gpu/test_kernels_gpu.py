@@ -15,9 +15,8 @@ from kernel_cases import (
     check_decode,
     check_prefill,
     check_rms_norm,
-    check_rotary,
+    check_rotary_and_store_kv,
     check_silu_and_mul,
-    check_write_kv_cache,
     decode_case,
     prefill_case,
 )
@@ -84,21 +83,16 @@ def test_triton_backend_matches_torch_backend(case):
     check_backends_agree(case, "cuda")
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16])
-@pytest.mark.parametrize("num_kv_heads,block_size", [(8, 16), (32, 32)])
-def test_write_kv_cache_matches_reference(num_kv_heads, block_size, dtype):
-    check_write_kv_cache(4099, num_kv_heads, 128, block_size, dtype, "cuda")
-
-
 @pytest.mark.parametrize("dtype,weight_dtype", [(BF16, BF16), (F16, F16), (BF16, torch.float32)])
 def test_rms_norm_matches_reference(dtype, weight_dtype):
     check_rms_norm(1031, 4096, dtype, weight_dtype, "cuda")
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
-@pytest.mark.parametrize("num_heads,num_kv_heads", [(32, 32), (32, 8)])
-def test_rotary_matches_reference(num_heads, num_kv_heads, dtype):
-    check_rotary(1031, num_heads, num_kv_heads, 128, dtype, "cuda")
+@pytest.mark.parametrize("num_heads,num_kv_heads,block_size", [(32, 32, 16), (32, 8, 32), (9, 3, 16)])
+def test_rotary_and_kv_store_match_reference(num_heads, num_kv_heads, block_size, dtype):
+    check_rotary_and_store_kv(4099, num_heads, num_kv_heads, 128 if num_heads == 32 else 64, block_size, dtype,
+                              "cuda")
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
