@@ -16,6 +16,9 @@
 | PAGEDLLM_MAX_NUM_BATCHED_TOKENS | 2048+ | tokens computed per step |
 | PAGEDLLM_SEED | 0 | engine seed for unseeded requests |
 | PAGEDLLM_ENABLE_PREFIX_CACHING | true | reuse the KV blocks of shared prompt prefixes |
+| PAGEDLLM_LOAD_FORMAT | auto | `dummy`: random weights from the stored config.json (benchmarks) |
+| PAGEDLLM_MAX_GRAPH_BATCH | 256 | largest decode batch captured in a CUDA graph |
+| PAGEDLLM_ASYNC_SCHEDULING | auto | plan step N+1 before reading step N (auto: on for CUDA) |
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ _ENGINE_FIELDS = {
     "dtype": str, "device": str, "block_size": int, "gpu_memory_utilization": float,
     "cpu_kv_cache_bytes": int, "num_kv_blocks": int, "max_model_len": int, "max_num_seqs": int,
     "max_num_batched_tokens": int, "seed": int, "enable_prefix_caching": _parse_bool,
+    "load_format": str, "max_graph_batch": int, "async_scheduling": _parse_bool,
 }
 
 

@@ -290,6 +290,8 @@ async def test_completions_non_streamed_and_streamed_agree(oai):
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
     assert chunks[-1].choices[0].finish_reason == choice.finish_reason and chunks[-1].choices[0].text == ""
     assert "".join(c.choices[0].text for c in chunks) == choice.text
+    # one chunk per generated token (each step yields one), then the finish chunk: clients time tokens by them
+    assert len(chunks) == full.usage.completion_tokens + 1
 
 
 async def test_completions_logprobs(oai):

@@ -120,7 +120,9 @@ class _CompletionFormat(_Format):
 
     def delta(self, index: int, choice: CompletionOutput) -> dict[str, Any] | None:
         logprobs = choice.delta_logprobs if self.logprobs is not None else None
-        if not choice.delta_text and not logprobs:
+        # NOTE: a chunk for every step that produced tokens, even when their text is still held back (or
+        # the model has no tokenizer), as vLLM does: streaming clients time tokens by chunks
+        if not choice.delta_text and not logprobs and not choice.delta_token_ids:
             return None
         return {"index": index, "text": choice.delta_text, "logprobs": self._logprobs(index, logprobs),
                 "finish_reason": None}
