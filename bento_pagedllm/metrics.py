@@ -64,10 +64,13 @@ class EngineMetrics:
     def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
         self.observe_state(engine)
         plan = engine.last_plan
-        if plan is not None:
-            self.generation_tokens.inc(len(plan.sampling_rows))
-            if plan.num_preempted:
-                self.preemptions.inc(plan.num_preempted)
+        if plan is not None and plan.num_preempted:
+            self.preemptions.inc(plan.num_preempted)
+        # NOTE: tokens delivered, not rows sampled: with async scheduling a sequence that stopped has had
+        # one more row sampled, whose token was dropped
+        generated = sum(len(choice.delta_token_ids) for out in outputs for choice in out.outputs)
+        if generated:
+            self.generation_tokens.inc(generated)
         for out in outputs:
             if not out.finished:
                 continue

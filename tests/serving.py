@@ -33,7 +33,8 @@ def free_port() -> int:
 def bentoml_serve(log_path: Path, prometheus_dir: Path) -> Iterator[str]:
     """The default model served on the CPU with an API key, on a free loopback port; yields its base URL."""
     port = free_port()
-    env = dict(os.environ, PAGEDLLM_API_KEY=API_KEY, PAGEDLLM_DEVICE="cpu",
+    # NOTE: async scheduling as on CUDA (the CPU default is off), so the whole service path is tested with it
+    env = dict(os.environ, PAGEDLLM_API_KEY=API_KEY, PAGEDLLM_DEVICE="cpu", PAGEDLLM_ASYNC_SCHEDULING="true",
                PAGEDLLM_NUM_KV_BLOCKS=str(NUM_KV_BLOCKS), PAGEDLLM_MAX_MODEL_LEN=str(MAX_MODEL_LEN),
                PATH=f"{BIN}:{os.environ['PATH']}", PROMETHEUS_MULTIPROC_DIR=str(prometheus_dir))
     with open(log_path, "w") as log:

@@ -140,3 +140,16 @@ def test_metrics_report_engine_state(server):
         metric(server, name)
     assert metric(server, "pagedllm_generation_tokens_total") > 0
     assert metric(server, "pagedllm_time_to_first_token_seconds_count") > 0
+
+
+def test_generated_tokens_are_counted_exactly(client, server):
+    """With async scheduling a stopped sequence has one more token sampled, which is dropped: the counter
+    must count the tokens delivered."""
+    before = metric(server, "pagedllm_generation_tokens_total")
+    stopped = client.completions.create(model=MODEL, prompt="Count: one, two,", max_tokens=12, temperature=0,
+                                        stop=[","])
+    full = client.completions.create(model=MODEL, prompt="Count: one, two,", max_tokens=9, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    delivered = stopped.usage.completion_tokens + full.usage.completion_tokens
+    assert stopped.choices[0].finish_reason == "stop" and full.usage.completion_tokens == 9
+    assert metric(server, "pagedllm_generation_tokens_total") - before == delivered
