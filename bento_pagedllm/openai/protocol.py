@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MAX_LOGPROBS = 20  # SamplingParams.MAX_LOGPROBS; OpenAI's limit for top_logprobs too
 MAX_N = 128
+# NOTE: each stop string and stop token id is checked after every generated token, on the engine thread that
+# serves everyone: long lists would slow all requests down. (OpenAI takes at most 4 stop strings.)
+MAX_STOP_STRINGS = 16
+MAX_STOP_TOKEN_IDS = 64
 
 Float = Annotated[float, Field(allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
@@ -36,7 +40,7 @@ class _SamplingRequest(_Body):
     max_tokens: PositiveInt | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
     seed: Annotated[int, Field(ge=-(1 << 63), lt=1 << 64)] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
@@ -49,7 +53,7 @@ class _SamplingRequest(_Body):
     min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
     ignore_eos: bool | None = False
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     min_tokens: Annotated[int, Field(ge=0)] | None = 0
 
 
