@@ -28,7 +28,13 @@ openai_app = build_openai_app(
 )
 
 
-@bentoml.asgi_app(openai_app, path="/v1")
+async def openai_asgi(scope, receive, send) -> None:
+    """The API behind a plain ASGI callable. NOTE: BentoML mounts a Starlette app "passively" (only the paths its
+    routes match); this way every /v1 path reaches the API, and an unknown one gets OpenAI's 404, not BentoML's."""
+    await openai_app(scope, receive, send)
+
+
+@bentoml.asgi_app(openai_asgi, path="/v1")
 @bentoml.service(
     name="pagedllm",
     resources=SETTINGS.resources,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 
 import httpx
 from starlette.applications import Starlette
@@ -37,14 +38,27 @@ def http_client(app) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
 
 
+def is_idle(engine) -> bool:
+    """No request in the engine, every KV block free."""
+    bm = engine.engine.block_manager
+    return not engine.engine.requests and bm.num_free_blocks == bm.num_blocks
+
+
 async def wait_idle(engine, timeout: float = 10.0) -> bool:
     """The engine thread processes aborts between steps: wait until it has nothing left."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    bm = engine.engine.block_manager
-    while (engine.engine.requests or bm.num_free_blocks != bm.num_blocks) and loop.time() < deadline:
+    while not is_idle(engine) and loop.time() < deadline:
         await asyncio.sleep(0.01)
-    return not engine.engine.requests and bm.num_free_blocks == bm.num_blocks
+    return is_idle(engine)
+
+
+def wait_idle_blocking(engine, timeout: float = 10.0) -> bool:
+    """`wait_idle` for tests without an event loop."""
+    deadline = time.monotonic() + timeout
+    while not is_idle(engine) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return is_idle(engine)
 
 
 def sse_events(text: str) -> list:

@@ -81,7 +81,11 @@ def openapi_document(model_name: str, *, secured: bool) -> dict[str, Any]:
     _, defs = models_json_schema([(CompletionRequest, "validation"), (ChatCompletionRequest, "validation")],
                                  ref_template=_REF)
     schemas = {**defs["$defs"], "ErrorResponse": _ERROR_SCHEMA}
-    model_param = [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}]
+    # NOTE: the only model name that resolves is the served one (never a path): the document says so
+    served = {"type": "string", "enum": [model_name]}
+    for body in ("CompletionRequest", "ChatCompletionRequest"):
+        schemas[body]["properties"]["model"] = served
+    model_param = [{"name": "model", "in": "path", "required": True, "schema": served}]
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {"title": "bento-pagedllm OpenAI-compatible API", "version": "1",
