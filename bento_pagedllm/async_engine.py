@@ -316,8 +316,9 @@ class AsyncLLMEngine:
             for request_id in list(self.engine.requests):  # NOTE: none should be left without a stream
                 self.engine.abort_request(request_id)
             return
-        self._deliver(outputs)
+        # NOTE: counted before delivered: a client that sees its request end finds it on /metrics already
         self.observer.observe_step(self.engine, outputs)
+        self._deliver(outputs)
 
     def _drain_commands(self, block: bool) -> None:
         while True:

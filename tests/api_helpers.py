@@ -82,12 +82,15 @@ def error_of(response: httpx.Response, status: int) -> dict:
 async def call_asgi(app, path: str, payload: dict, *, disconnect_after: int | None = None,
                     disconnect_delay: float | None = None, spec_version: str = "2.3", engine=None):
     """Call the ASGI app as a server would; the client goes away after `disconnect_after` body chunks (an
-    `http.disconnect` with ASGI < 2.4, a failing send with 2.4) or `disconnect_delay` seconds.
+    `http.disconnect` with ASGI < 2.4, a failing send with 2.4; 0: before the response starts) or
+    `disconnect_delay` seconds.
     Returns (status, body chunks, engine requests running when each chunk was sent)."""
     body = json.dumps(payload).encode()
     gone = asyncio.Event()
     status, chunks, running = None, [], []
     sent_request = False
+    if disconnect_after == 0:
+        gone.set()
 
     async def receive():
         nonlocal sent_request

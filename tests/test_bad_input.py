@@ -23,7 +23,7 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 MAX_BODY_BYTES = 64 << 10
 MAX_MODEL_LEN = 64  # NOTE: short, so that the fuzzer's valid requests generate little
-FUZZ_EXAMPLES = int(os.environ.get("PAGEDLLM_FUZZ_EXAMPLES", "300"))
+FUZZ_EXAMPLES = int(os.environ.get("PAGEDLLM_FUZZ_EXAMPLES", "200"))
 CASE_NAMES = [case.name for case in bad_inputs(MODEL, max_body_bytes=MAX_BODY_BYTES, vocab_size=1,
                                                model_path="/model")]
 
