@@ -158,7 +158,7 @@ class _Server:
             logger.warning("%s: %s", what, error)
             return errors.timed_out(error)
         if isinstance(error, RequestFailedError):
-            logger.error("%s: %s", what, error)
+            logger.warning("%s: %s", what, error)  # NOTE: the engine logged the failure itself
         else:
             logger.error("%s failed", what, exc_info=error)
         return errors.server_error()
