@@ -37,10 +37,6 @@ class RequestError(ValueError):
     """A request the engine cannot serve (too long, bad token ids...): rejected before scheduling."""
 
 
-class SamplingError(RuntimeError):
-    """A sampled token that cannot be right (outside the vocabulary): its request fails."""
-
-
 TokenHook = Callable[[Sequence, TokenLogprob], None]
 
 
@@ -196,8 +192,6 @@ class LLMEngine:
     def _accept_token(self, seq: Sequence, token: TokenLogprob) -> None:
         if self.token_hook is not None:
             self.token_hook(seq, token)
-        if not 0 <= token.token_id < self.model_config.vocab_size:
-            raise SamplingError(f"sampled token id {token.token_id} is outside the vocabulary")
         self._append_token(seq, token)
 
     def _fail_request(self, request: Request, error: BaseException) -> None:

@@ -64,6 +64,15 @@ async def test_bad_input_gets_a_4xx_and_the_server_stays_healthy(app, engine, ca
         await assert_healthy(client, engine)
 
 
+async def test_n_above_the_engines_sequences_is_refused(app, engine):
+    """The scheduler seats a request's n choices together: n above max_num_seqs (64 here) would wait forever, and
+    block every request behind it."""
+    async with http_client(app) as client:
+        r = await client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "n": 65, "max_tokens": 1})
+        assert "n must be at most 64" in error_of(r, 400)["message"]
+        await assert_healthy(client, engine)
+
+
 def test_fuzz_against_the_openapi_document(engine):
     """Requests drawn from the API's own schema, valid and deliberately invalid: none gets a 5xx; invalid ones a
     4xx; every answer conforms to the documented statuses, content types and schemas; nothing stays behind.

@@ -192,9 +192,13 @@ async def test_backpressure_bounds_the_waiting_requests(make_engine, observer):
         r = await client.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b", "c"], "max_tokens": 1})
         assert error_of(r, 400)["param"] == "prompt"
     assert observer.rejected == 3
-    # a seat frees up: a waiting request starts, and the queue takes a new one
+    # a seat frees up: a waiting request starts, and the queue has room for one more
     await running[0].aclose()
     await first_output(waiting[0])
+    async with http_client(mount(lambda: engine)) as client:  # two prompts: all admitted or none
+        r = await client.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b"], "max_tokens": 1})
+        assert error_of(r, 503)["code"] == "engine_overloaded"
+    assert engine.num_waiting == 1 and engine.num_open_streams == 3
     admitted = engine.submit(ids, SHORT, "admitted")
     for stream in (*running, *waiting, admitted):
         await stream.aclose()
