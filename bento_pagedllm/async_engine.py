@@ -267,7 +267,8 @@ class AsyncLLMEngine:
         """Stream a request's outputs, one per step in which it advanced; the last has `finished`.
 
         Cancelling the consumer (a client that went away) aborts the request, which frees its blocks.
-        Invalid requests raise `RequestError` here, before anything is queued.
+        What `submit` refuses raises before anything is queued; `RequestFailedError`, `RequestTimeoutError`
+        and `EngineShuttingDownError` end a stream that had begun.
         """
         params = params or SamplingParams()
         if isinstance(prompt, str) and len(prompt) > LONG_PROMPT_CHARS:

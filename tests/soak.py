@@ -216,16 +216,20 @@ async def _sse_events(r: httpx.Response) -> AsyncIterator[dict | str]:
 async def _leave_mid_stream(events: AsyncIterator[dict | str], after: int) -> str:
     seen = 0
     async for event in events:
+        if event != "[DONE]" and "error" in event:
+            return _clean_stream_error(event, Behaviour.LEAVE_MID_STREAM)  # it ran out of time first
         seen += 1
-        if seen >= after or event == "[DONE]" or "error" in event:
+        if seen >= after or event == "[DONE]":
             break
     return "left_mid_stream"
 
 
 async def _leave_at_last_chunk(events: AsyncIterator[dict | str]) -> str:
     async for event in events:
-        if event == "[DONE]" or "error" in event:
-            raise Lost(f"stream ended before its finish chunk: {event}")
+        if event == "[DONE]":
+            raise Lost("[DONE] before the finish chunk")
+        if "error" in event:
+            return _clean_stream_error(event, Behaviour.LEAVE_AT_LAST_CHUNK)  # it ran out of time first
         if any(choice.get("finish_reason") for choice in event["choices"]):
             return "left_at_last_chunk"
     raise Lost("stream ended without a finish chunk")
