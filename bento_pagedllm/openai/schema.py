@@ -32,6 +32,10 @@ _ERROR_SCHEMA = {
     },
 }
 
+# NOTE: for text/event-stream the schema describes one event (as OpenAPI 3.2's itemSchema does): its `data` is
+# a JSON chunk, an error object or [DONE]
+_SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+
 # status -> when it is answered
 _ERRORS = {
     "400": "Invalid request (bad JSON, a parameter out of range, a prompt too long for the context)",
@@ -58,7 +62,7 @@ def _generation(summary: str, body_model: str, result: str) -> dict[str, Any]:
             "responses": {
                 "200": {"description": f"The {result} (JSON), or its chunks as Server-Sent Events when stream is true",
                         "content": {"application/json": {"schema": {"type": "object"}},
-                                    "text/event-stream": {"schema": {"type": "string"}}}},
+                                    "text/event-stream": {"schema": _SSE_EVENT}}},
                 **_error_responses(),
             },
         }
