@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 MODEL_NAME ?= smollm2-135m-instruct
 PORT ?= 3000
 
-.PHONY: install chromium test serve import-default bento bench-cpu clean
+.PHONY: install chromium test soak serve import-default bento bench-cpu clean
 
 install: $(STAMP)
 
@@ -34,6 +34,11 @@ chromium:
 
 test: $(STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The long soak behind README's Reliability figures (`make test` runs it for 40 s).
+SOAK_SECONDS ?= 600
+soak: $(STAMP)
+	PAGEDLLM_SOAK_SECONDS=$(SOAK_SECONDS) PAGEDLLM_SOAK_REPORT=soak-report.json $(BIN)/pytest tests/test_soak.py -s $(PYTEST_ARGS)
 
 # The default model goes into BentoML's model store once (a no-op when it is there already).
 import-default: $(STAMP)

@@ -8,31 +8,46 @@ only in the serving worker.
 
 from __future__ import annotations
 
+import signal
+import threading
+
 import bentoml
 
+from bento_pagedllm.openai.auth import APIKeyMiddleware
 from bento_pagedllm.openai.routes import build_openai_app
 from bento_pagedllm.settings import ServiceSettings
 from bento_pagedllm.web import build_chat_app
 
 SETTINGS = ServiceSettings.from_env()
+PROBE_PATHS = frozenset({"/livez", "/healthz", "/readyz", "/metrics"})
 
 openai_app = build_openai_app(
     lambda: bentoml.get_current_service().engine,
     model_name=SETTINGS.model_name,
     api_key=SETTINGS.api_key,
+    max_body_bytes=SETTINGS.max_body_bytes,
+    retry_after_s=SETTINGS.retry_after_seconds,
 )
 
 # NOTE: the page itself needs no key (it holds no data); it asks for one when /v1 answers 401.
 chat_app = build_chat_app()
 
 
-@bentoml.asgi_app(openai_app, path="/v1")
+async def openai_asgi(scope, receive, send) -> None:
+    """The API behind a plain ASGI callable. NOTE: BentoML mounts a Starlette app "passively" (only the paths its
+    routes match); this way every /v1 path reaches the API, and an unknown one gets OpenAI's 404, not BentoML's."""
+    await openai_app(scope, receive, send)
+
+
+@bentoml.asgi_app(openai_asgi, path="/v1")
 @bentoml.asgi_app(chat_app, path="/chat")
 @bentoml.service(
     name="pagedllm",
     resources=SETTINGS.resources,
-    # NOTE: traffic.timeout bounds the time to the first byte only; streams may run longer.
+    # NOTE: traffic.timeout bounds the time to the first byte only; streams may run longer
+    # (PAGEDLLM_REQUEST_TIMEOUT_SECONDS bounds a whole request).
     traffic={"timeout": 600},
+    **({"http": SETTINGS.http_config} if SETTINGS.http_config else {}),
 )
 class PagedLLM:
     model = bentoml.models.BentoModel(SETTINGS.model)
@@ -42,13 +57,54 @@ class PagedLLM:
         from bento_pagedllm.metrics import EngineMetrics
 
         self.engine = AsyncLLMEngine(
-            SETTINGS.engine_args(self.model.path), observer=EngineMetrics(SETTINGS.model_name)
+            SETTINGS.engine_args(self.model.path), observer=EngineMetrics(SETTINGS.model_name),
+            limits=SETTINGS.request_limits,
         )
+        self.engine.engine.token_hook = SETTINGS.fault_injection  # None unless the operator turned it on
         self.engine.start()
+        self._drain_on_sigterm()
+
+    def _drain_on_sigterm(self) -> None:
+        """On SIGTERM, drain the engine (refuse new requests, end those still running after the grace period),
+        then hand the signal to the server's own handler.
+
+        NOTE: under BentoML the handler found here is uvicorn's: it stops accepting connections, waits for the
+        open ones to finish (the drain bounds that wait), then runs the shutdown hooks; the process exits 0.
+        Without a server's handler (SIGTERM's default), nothing is chained.
+        """
+        previous = signal.getsignal(signal.SIGTERM)
+        if not callable(previous) or threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_sigterm(signum, frame) -> None:
+            self.engine.drain(SETTINGS.shutdown_grace_seconds)
+            previous(signum, frame)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def __is_ready__(self) -> bool:
+        """Ready while the engine runs and takes requests: a draining server leaves the load balancer's pool."""
+        return self.engine.is_running and not self.engine.is_draining
+
+    def __is_alive__(self) -> bool:
+        return self.engine.dead_error is None
+
+    async def __metrics__(self, content: str) -> str:
+        """/metrics, plus what the event loop holds now (runs on the event loop, as `live_gauges` needs)."""
+        from bento_pagedllm.metrics import live_gauges
+
+        return content + live_gauges(self.engine, SETTINGS.model_name)
 
     @bentoml.on_shutdown
     def shutdown(self) -> None:
         self.engine.shutdown()
 
+
+if SETTINGS.api_key:
+    # NOTE: the /v1 app checks the key itself; this covers BentoML's own routes (docs, health, metrics).
+    # NOTE: the chat page stays open (it holds no data and asks for the key itself when /v1 answers 401)
+    PagedLLM.add_asgi_middleware(APIKeyMiddleware, api_key=SETTINGS.api_key,
+                                 open_paths=PROBE_PATHS if SETTINGS.open_health_and_metrics else frozenset(),
+                                 open_prefixes=("/chat",))
 
 svc = PagedLLM

@@ -1,7 +1,8 @@
 """LLMEngine (one synchronous step at a time) and LLM, the offline batch interface.
 
 A step is: the scheduler plans, the model runner computes and samples, then the output processing here
-appends the tokens, detokenises, checks the stop conditions and builds the outputs.
+appends the tokens, detokenises, checks the stop conditions and builds the outputs. A failure while one
+request's token is processed fails that request alone (finish reason "error"); the others go on.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import itertools
 import logging
 import random
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as SequenceABC
 
 import torch
@@ -33,6 +35,9 @@ PromptType = str | list[int]
 
 class RequestError(ValueError):
     """A request the engine cannot serve (too long, bad token ids...): rejected before scheduling."""
+
+
+TokenHook = Callable[[Sequence, TokenLogprob], None]
 
 
 def build_model(configs: EngineConfigs, source: ModelSource | None) -> LlamaForCausalLM:
@@ -81,6 +86,7 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self._detokenizers: dict[int, IncrementalDetokenizer] = {}
         self._emitted: dict[int, int] = {}
+        self._failures: dict[str, str] = {}  # request id -> why it failed, until its output is made
         self._rng = random.Random(args.seed)
         self._request_counter = itertools.count()
         self.last_plan = None
@@ -89,6 +95,9 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.runner.eos_token_ids = tuple(sorted(self.eos_token_ids))
+        # A test hook (see faults.py) called with each sampled token before it is appended; what it raises
+        # fails that token's request alone.
+        self.token_hook: TokenHook | None = None
 
     # ---- requests ------------------------------------------------------------------------------
     def tokenize(self, prompt: PromptType) -> list[int]:
@@ -134,6 +143,11 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        max_num_seqs = self.configs.scheduler.max_num_seqs
+        if params.n > max_num_seqs:
+            # NOTE: the scheduler seats the n choices together: a larger n would wait forever, and block the
+            # queue behind it
+            raise RequestError(f"n must be at most {max_num_seqs}, the sequences this engine runs at once")
         if params.stop_strings and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer")
 
@@ -190,12 +204,59 @@ class LLMEngine:
         for row, token in zip(step.plan.sampling_rows, sampled):
             seq = self.scheduler.seqs_by_id.get(row.seq_id)
             if seq is None:
-                continue  # it ended (stop, abort) after this step was launched: the token is dropped
-            self._append_token(seq, token)
+                # it ended (stop, abort, or a failure earlier in this loop) after this step was launched:
+                # the token is dropped
+                continue
             touched[seq.request.request_id] = seq.request
             if seq.request.times.first_token is None:
                 seq.request.times.first_token = now
-        return [self._make_output(request) for request in touched.values()]
+            try:
+                self._accept_token(seq, token)
+            except Exception as error:  # noqa: BLE001 - one request's failure must not end the step for all
+                self._fail_request(seq.request, error)
+        return [self._output_or_failure(request) for request in touched.values()]
+
+    def _accept_token(self, seq: Sequence, token: TokenLogprob) -> None:
+        if self.token_hook is not None:
+            self.token_hook(seq, token)
+        self._append_token(seq, token)
+
+    def _fail_request(self, request: Request, error: BaseException) -> None:
+        """Finish every choice of the request with reason "error" (its blocks are freed); it reports once.
+
+        NOTE: tokens are sampled only once a request has forked its n choices, so finishing the choices it
+        has finishes the request.
+        """
+        logger.error("request %s failed: %r", request.request_id, error)
+        self._failures[request.request_id] = f"{type(error).__name__}: {error}"
+        self.scheduler.finish_request(request, "error")
+
+    def _output_or_failure(self, request: Request) -> RequestOutput:
+        """The request's output; if building it fails, the request fails and reports without text."""
+        if request.request_id not in self._failures:
+            try:
+                return self._make_output(request)
+            except Exception as error:  # noqa: BLE001 - e.g. the detokenizer: this request alone fails
+                self._fail_request(request, error)
+        return self._failed_output(request, self._failures.pop(request.request_id))
+
+    def _failed_output(self, request: Request, message: str) -> RequestOutput:
+        self.requests.pop(request.request_id, None)
+        self._forget(request)
+        times = request.times
+        times.finished = time.monotonic()
+        return RequestOutput(
+            request_id=request.request_id,
+            prompt=request.prompt,
+            prompt_token_ids=request.prompt_token_ids,
+            outputs=[CompletionOutput(index=seq.index, text="", token_ids=seq.output_token_ids,
+                                      cumulative_logprob=None, logprobs=None, finish_reason="error")
+                     for seq in request.seqs],
+            finished=True,
+            metrics=RequestMetrics(times.arrival, times.first_scheduled, times.first_token, times.finished,
+                                   sum(s.num_preemptions for s in request.seqs)),
+            error=message,
+        )
 
     def _append_token(self, seq: Sequence, token: TokenLogprob) -> None:
         seq.append_token(token)

@@ -1,11 +1,17 @@
 """The engine's Prometheus metrics, registered through `bentoml.metrics` so they appear on /metrics.
 
 `EngineMetrics.observe_step` runs on the engine thread after every step (prometheus_client is
-thread-safe); it reads the scheduler's counts and the finished requests' timings.
+thread-safe); it reads the scheduler's counts and the finished requests' timings. Every request the engine
+admits ends in exactly one of finished, aborted, timed out or failed, so after a run
+`finished + aborted + timed_out + failed` equals the requests admitted: nothing is lost without a count.
+`live_gauges` renders, at scrape time on the event loop, what only the event loop knows (open streams, tasks).
 """
 
 from __future__ import annotations
 
+import asyncio
+
+from .async_engine import AsyncLLMEngine, EngineObserver
 from .engine import LLMEngine
 from .outputs import RequestOutput
 
@@ -13,7 +19,7 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.1
                     1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-class EngineMetrics:
+class EngineMetrics(EngineObserver):
     def __init__(self, model_name: str) -> None:
         from bentoml import metrics
 
@@ -39,7 +45,12 @@ class EngineMetrics:
         self.generation_tokens = counter("pagedllm_generation_tokens", "Tokens generated")
         self.preemptions = counter("pagedllm_preemptions", "Sequences preempted for lack of KV blocks")
         self.requests_finished = counter("pagedllm_requests_finished", "Requests finished (not aborted)")
-        self.requests_aborted = counter("pagedllm_requests_aborted", "Requests aborted (client gone, errors)")
+        self.requests_aborted = counter("pagedllm_requests_aborted", "Requests aborted (client gone, shutdown)")
+        self.requests_timed_out = counter("pagedllm_requests_timed_out",
+                                          "Requests aborted for running past the time limit")
+        self.requests_failed = counter("pagedllm_requests_failed", "Requests that failed inside the engine")
+        self.requests_rejected = counter("pagedllm_requests_rejected",
+                                         "Requests refused at admission because too many were waiting")
         self.prefix_cache_queries = counter("pagedllm_prefix_cache_queries",
                                             "Prompt tokens looked up in the prefix cache")
         self.prefix_cache_hits = counter("pagedllm_prefix_cache_hits", "Prompt tokens found in the prefix cache")
@@ -74,6 +85,9 @@ class EngineMetrics:
         for out in outputs:
             if not out.finished:
                 continue
+            if out.error is not None:
+                self.requests_failed.inc()
+                continue
             self.requests_finished.inc()
             self.prompt_tokens.inc(len(out.prompt_token_ids))
             m = out.metrics
@@ -86,3 +100,29 @@ class EngineMetrics:
     def observe_abort(self, engine: LLMEngine) -> None:
         self.requests_aborted.inc()
         self.observe_state(engine)
+
+    def observe_timeout(self, engine: LLMEngine) -> None:
+        self.requests_timed_out.inc()
+        self.observe_state(engine)
+
+    def observe_failure(self, engine: LLMEngine) -> None:
+        self.requests_failed.inc()
+        self.observe_state(engine)
+
+    def observe_rejection(self) -> None:
+        self.requests_rejected.inc()
+
+
+def live_gauges(engine: AsyncLLMEngine, model_name: str) -> str:
+    """Prometheus text for what the serving event loop holds now: engine streams open and asyncio tasks.
+
+    NOTE: call it on the event loop that serves the requests (BentoML's `__metrics__` hook runs there);
+    after a run both return to their idle values, which shows no stream or task was left behind.
+    """
+    label = model_name.replace("\\", "\\\\").replace('"', '\\"')
+    gauges = (
+        ("pagedllm_open_streams", "Engine request streams the event loop holds open", engine.num_open_streams),
+        ("pagedllm_event_loop_tasks", "Asyncio tasks alive on the serving event loop", len(asyncio.all_tasks())),
+    )
+    return "".join(f"# HELP {name} {doc}\n# TYPE {name} gauge\n{name}{{model_name=\"{label}\"}} {value}\n"
+                   for name, doc, value in gauges)

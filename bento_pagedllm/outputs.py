@@ -45,3 +45,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    error: str | None = None  # why the engine failed this request (its choices end with reason "error")

@@ -4,7 +4,16 @@
 |---|---|---|
 | PAGEDLLM_MODEL | smollm2-135m-instruct:latest | BentoML model tag to serve |
 | PAGEDLLM_SERVED_MODEL_NAME | the tag's name | the `model` name clients send |
-| PAGEDLLM_API_KEY | unset | when set, every /v1 request needs `Authorization: Bearer <key>` |
+| PAGEDLLM_API_KEY | unset | when set, every request needs `Authorization: Bearer <key>` (see below) |
+| PAGEDLLM_OPEN_HEALTH_AND_METRICS | false | with an API key: leave /livez, /healthz, /readyz, /metrics open |
+| PAGEDLLM_CORS_ALLOW_ORIGINS | unset | comma-separated origins allowed by CORS (none: no CORS headers) |
+| PAGEDLLM_MAX_WAITING_REQUESTS | 1024 | requests waiting for their first token; past it, 503 + Retry-After |
+| PAGEDLLM_RETRY_AFTER_SECONDS | 1 | the Retry-After of a 503 |
+| PAGEDLLM_REQUEST_TIMEOUT_SECONDS | unset | wall-clock limit per request (then aborted: 504 or an error event) |
+| PAGEDLLM_SHUTDOWN_GRACE_SECONDS | 30 | on SIGTERM, how long running requests may still finish |
+| PAGEDLLM_MAX_BODY_BYTES | 4194304 | largest request body (413 past it) |
+| PAGEDLLM_FAULT_INJECTION_SEED | unset | test hook: requests with this `seed` fail inside the engine |
+| PAGEDLLM_FAULT_INJECTION_AFTER_TOKENS | 1 | ... at this generated token |
 | PAGEDLLM_DTYPE | auto | float32 / float16 / bfloat16 (auto: bf16 on CUDA, fp32 on CPU) |
 | PAGEDLLM_DEVICE | auto | cuda / cpu |
 | PAGEDLLM_BLOCK_SIZE | 16 | tokens per KV block |
@@ -25,10 +34,12 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from .async_engine import RequestLimits
 from .config import EngineArgs
+from .faults import FaultInjection
 from .loader.store import DEFAULT_MODEL_NAME
 
 PREFIX = "PAGEDLLM_"
@@ -41,6 +52,11 @@ def _parse_bool(raw: str) -> bool:
         return False
     raise ValueError("expected true or false")
 
+
+def _origins(raw: str) -> tuple[str, ...]:
+    return tuple(origin.strip() for origin in raw.split(",") if origin.strip())
+
+
 # EngineArgs fields settable from the environment, with their parsers
 _ENGINE_FIELDS = {
     "dtype": str, "device": str, "block_size": int, "gpu_memory_utilization": float,
@@ -50,29 +66,77 @@ _ENGINE_FIELDS = {
 }
 
 
+# ServiceSettings fields settable from the environment (besides the model's), with their parsers
+_SERVICE_FIELDS = {
+    "open_health_and_metrics": _parse_bool, "cors_allow_origins": _origins, "max_waiting_requests": int,
+    "retry_after_seconds": int, "request_timeout_seconds": float, "shutdown_grace_seconds": float,
+    "max_body_bytes": int,
+}
+
+
+def _parse_fields(env: Mapping[str, str], parsers: Mapping[str, Callable[[str], object]]) -> dict:
+    values = {}
+    for name, parse in parsers.items():
+        raw = env.get(PREFIX + name.upper())
+        if raw not in (None, ""):
+            try:
+                values[name] = parse(raw)
+            except ValueError as error:
+                raise ValueError(f"{PREFIX}{name.upper()}={raw!r}: {error}") from None
+    return values
+
+
 @dataclass(frozen=True)
 class ServiceSettings:
     model: str = f"{DEFAULT_MODEL_NAME}:latest"
     served_model_name: str | None = None
     api_key: str | None = field(default=None, repr=False)  # NOTE: never printed
+    open_health_and_metrics: bool = False
+    cors_allow_origins: tuple[str, ...] = ()
+    max_waiting_requests: int = 1024
+    retry_after_seconds: int = 1
+    request_timeout_seconds: float | None = None
+    shutdown_grace_seconds: float = 30.0
+    max_body_bytes: int = 4 << 20
+    fault_injection: FaultInjection | None = None
     engine: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("max_waiting_requests", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{PREFIX}{name.upper()} must be at least 1")
+        if self.retry_after_seconds < 0 or self.shutdown_grace_seconds < 0:
+            raise ValueError("retry and grace times must not be negative")
+        RequestLimits(self.max_waiting_requests, self.request_timeout_seconds)  # raises now, not at start-up
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> "ServiceSettings":
-        engine = {}
-        for name, parse in _ENGINE_FIELDS.items():
-            raw = env.get(PREFIX + name.upper())
-            if raw not in (None, ""):
-                try:
-                    engine[name] = parse(raw)
-                except ValueError as error:
-                    raise ValueError(f"{PREFIX}{name.upper()}={raw!r}: {error}") from None
+        faults = _parse_fields(env, {"fault_injection_seed": int, "fault_injection_after_tokens": int})
         return cls(
             model=env.get(PREFIX + "MODEL") or cls.model,
             served_model_name=env.get(PREFIX + "SERVED_MODEL_NAME") or None,
             api_key=env.get(PREFIX + "API_KEY") or None,
-            engine=engine,
+            fault_injection=FaultInjection(faults["fault_injection_seed"], faults.get("fault_injection_after_tokens", 1))
+            if "fault_injection_seed" in faults else None,
+            engine=_parse_fields(env, _ENGINE_FIELDS),
+            **_parse_fields(env, _SERVICE_FIELDS),
         )
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(self.max_waiting_requests, self.request_timeout_seconds)
+
+    @property
+    def http_config(self) -> dict:
+        """BentoML's `http` service config: CORS only for the configured origins, never by default."""
+        if not self.cors_allow_origins:
+            return {}
+        return {"cors": {
+            "enabled": True,
+            "access_control_allow_origins": list(self.cors_allow_origins),
+            "access_control_allow_methods": ["GET", "POST", "OPTIONS"],
+            "access_control_allow_headers": ["Authorization", "Content-Type"],
+        }}
 
     @property
     def model_name(self) -> str:

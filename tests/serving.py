@@ -35,6 +35,7 @@ def bentoml_serve(log_path: Path, prometheus_dir: Path) -> Iterator[str]:
     port = free_port()
     # NOTE: async scheduling as on CUDA (the CPU default is off), so the whole service path is tested with it
     env = dict(os.environ, PAGEDLLM_API_KEY=API_KEY, PAGEDLLM_DEVICE="cpu", PAGEDLLM_ASYNC_SCHEDULING="true",
+               PAGEDLLM_OPEN_HEALTH_AND_METRICS="true",
                PAGEDLLM_NUM_KV_BLOCKS=str(NUM_KV_BLOCKS), PAGEDLLM_MAX_MODEL_LEN=str(MAX_MODEL_LEN),
                PATH=f"{BIN}:{os.environ['PATH']}", PROMETHEUS_MULTIPROC_DIR=str(prometheus_dir))
     with open(log_path, "w") as log:

@@ -8,46 +8,29 @@ mid-stream) is tested by calling the ASGI app directly and once over a real sock
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-from contextlib import aclosing
 
 import httpx
 import openai
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect
-from starlette.routing import Mount
+from api_helpers import (
+    HELLO, KEY, MAX_LEN, MODEL, call_asgi, error_of, http_client, mount, sse_events, tiny_engine, wait_idle,
+)
 
-from bento_pagedllm import AsyncLLMEngine, EngineArgs, SamplingParams
-from bento_pagedllm.openai import build_openai_app
+from bento_pagedllm import SamplingParams
+from bento_pagedllm.faults import FaultInjection
 from bento_pagedllm.tokenizer import apply_chat_template
-
-MODEL = "tiny-llama"
-KEY = "sk-test-0123456789"
-HELLO = [{"role": "user", "content": "Hello there, how are you?"}]
-MAX_LEN = 1024
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama3_dir):
-    engine = AsyncLLMEngine(EngineArgs(model=tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=512,
-                                       max_model_len=MAX_LEN, max_num_seqs=64, max_num_batched_tokens=1024))
+    engine = tiny_engine(tiny_llama3_dir)
     yield engine
     engine.shutdown()
-
-
-def mount(get_engine, **kwargs) -> Starlette:
-    return Starlette(routes=[Mount("/v1", app=build_openai_app(get_engine, model_name=MODEL, **kwargs))])
 
 
 @pytest.fixture(scope="module")
 def app(engine):
     return mount(lambda: engine)
-
-
-def http_client(app) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
 
 
 def openai_client(app, api_key: str = "unused") -> openai.AsyncOpenAI:
@@ -66,16 +49,6 @@ async def oai(app):
     client = openai_client(app)
     yield client
     await client.close()
-
-
-async def wait_idle(engine, timeout: float = 10.0) -> bool:
-    """The engine thread processes aborts between steps: wait until it has nothing left."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    bm = engine.engine.block_manager
-    while (engine.engine.requests or bm.num_free_blocks != bm.num_blocks) and loop.time() < deadline:
-        await asyncio.sleep(0.01)
-    return not engine.engine.requests and bm.num_free_blocks == bm.num_blocks
 
 
 @pytest.fixture(autouse=True)
@@ -99,24 +72,6 @@ def aborted(engine, monkeypatch) -> list[str]:
 
     monkeypatch.setattr(engine.engine, "abort_request", spy)
     return ids
-
-
-def sse_events(text: str) -> list:
-    """Split an SSE body into its events, checking OpenAI's framing: `data: <json>\\n\\n` ... `data: [DONE]\\n\\n`."""
-    assert text.endswith("\n\n")
-    events = []
-    for block in text[:-2].split("\n\n"):
-        assert block.startswith("data: ") and "\n" not in block
-        data = block[len("data: "):]
-        events.append(data if data == "[DONE]" else json.loads(data))
-    return events
-
-
-def error_of(response: httpx.Response, status: int) -> dict:
-    assert response.status_code == status, response.text
-    body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
-    return body["error"]
 
 
 async def engine_token_ids(engine, prompt, **params) -> list[int]:
@@ -470,37 +425,27 @@ async def test_unknown_routes(http):
     error_of(await http.get("/v1/completions"), 405)
 
 
-class _BrokenEngine:
-    """The real engine, except that each stream fails after its first output."""
-
-    def __init__(self, engine: AsyncLLMEngine) -> None:
-        self._real = engine
-        self.tokenizer = engine.tokenizer
-        self.engine = engine.engine
-
-    async def generate(self, prompt, params=None, request_id=None):
-        async with aclosing(self._real.generate(prompt, params, request_id)) as stream:
-            async for out in stream:
-                yield out
-                raise RuntimeError("secret internal detail")
-
-
-async def test_server_errors(engine):
+async def test_server_errors(engine, app):
     def no_engine():
         raise RuntimeError("secret internal detail")
 
     async with http_client(mount(no_engine)) as client:
         error = error_of(await client.post("/v1/chat/completions", json=CHAT), 500)
         assert error["type"] == "server_error" and "secret" not in error["message"]
-    async with http_client(mount(lambda: _BrokenEngine(engine))) as client:
-        body = {**CHAT, "max_tokens": 50, "ignore_eos": True}
-        error_of(await client.post("/v1/chat/completions", json=body), 500)
-        r = await client.post("/v1/chat/completions", json={**body, "stream": True})
-        assert r.status_code == 200  # the status line was sent before the failure
-        events = sse_events(r.text)
-        assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-        assert set(events[-1]) == {"error"} and events[-1]["error"]["type"] == "server_error"
-        assert "[DONE]" not in events and "secret" not in r.text
+    # a request that fails inside the engine (the fault-injection hook: a sampling error at its 3rd token)
+    engine.engine.token_hook = FaultInjection(seed=666, after_tokens=3)
+    try:
+        async with http_client(app) as client:
+            body = {**CHAT, "max_tokens": 50, "ignore_eos": True, "seed": 666}
+            error_of(await client.post("/v1/chat/completions", json=body), 500)
+            r = await client.post("/v1/chat/completions", json={**body, "stream": True})
+    finally:
+        engine.engine.token_hook = None
+    assert r.status_code == 200  # the status line was sent before the failure
+    events = sse_events(r.text)
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert set(events[-1]) == {"error"} and events[-1]["error"]["type"] == "server_error"
+    assert "[DONE]" not in events and "InjectedFault" not in r.text  # internals stay in the log
 
 
 async def test_api_key(engine):
@@ -508,7 +453,9 @@ async def test_api_key(engine):
     async with http_client(app) as client:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY},
                         {"Authorization": f"Basic {KEY}"}):
-            for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions")):
+            # every path behind /v1, unknown ones and the API's description included
+            for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/v1/nope"),
+                                 ("GET", "/v1/openapi.json")):
                 r = await client.request(method, path, json=CHAT, headers=headers)
                 error = error_of(r, 401)
                 assert error["code"] == "invalid_api_key" and KEY not in r.text
@@ -523,51 +470,6 @@ async def test_api_key(engine):
 
 
 # ---- disconnects --------------------------------------------------------------------------------------
-
-
-async def call_asgi(app, path: str, payload: dict, *, disconnect_after: int | None = None,
-                    disconnect_delay: float | None = None, spec_version: str = "2.3", engine=None):
-    """Call the ASGI app as a server would; the client goes away after `disconnect_after` body chunks (an
-    `http.disconnect` with ASGI < 2.4, a failing send with 2.4) or `disconnect_delay` seconds.
-    Returns (status, body chunks, engine requests running when each chunk was sent)."""
-    body = json.dumps(payload).encode()
-    gone = asyncio.Event()
-    status, chunks, running = None, [], []
-    sent_request = False
-
-    async def receive():
-        nonlocal sent_request
-        if not sent_request:
-            sent_request = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        if disconnect_delay is not None:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(gone.wait(), disconnect_delay)
-        else:
-            await gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message):
-        nonlocal status
-        if gone.is_set() and spec_version >= "2.4":
-            raise OSError("connection closed")
-        if message["type"] == "http.response.start":
-            status = message["status"]
-        elif message.get("body"):
-            chunks.append(message["body"])
-            running.append(len(engine.engine.requests) if engine else None)
-            if disconnect_after is not None and len(chunks) >= disconnect_after:
-                gone.set()
-
-    scope = {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": spec_version}, "http_version": "1.1",
-        "method": "POST", "scheme": "http", "path": "/v1" + path, "raw_path": ("/v1" + path).encode(),
-        "root_path": "", "query_string": b"", "server": ("test", 80), "client": ("127.0.0.1", 5000),
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-    }
-    with contextlib.suppress(ClientDisconnect):
-        await asyncio.wait_for(app(scope, receive, send), 30)
-    return status, chunks, running
 
 
 LONG = {"max_tokens": 800, "ignore_eos": True, "temperature": 0, "stream": True}

@@ -9,14 +9,26 @@ import time
 import httpx
 import openai
 import pytest
-from serving import API_KEY, MODEL, NUM_KV_BLOCKS, metric, wait_idle
+from server_helpers import MODEL, BentoServer
 
+API_KEY = "test-key-123"
 pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
+def server(smollm2_model, tmp_path_factory):
+    # NOTE: health and metrics open here (the soak's server keeps them behind the key)
+    server = BentoServer.start(tmp_path_factory.mktemp("server"), API_KEY, {
+        "PAGEDLLM_NUM_KV_BLOCKS": "512", "PAGEDLLM_MAX_MODEL_LEN": "2048", "PAGEDLLM_OPEN_HEALTH_AND_METRICS": "true",
+        # NOTE: async scheduling as on CUDA (the CPU default is off), so the service path is tested with it
+        "PAGEDLLM_ASYNC_SCHEDULING": "true"})
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+    return openai.OpenAI(base_url=f"{server.base}/v1", api_key=API_KEY, max_retries=0, timeout=300)
 
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -74,7 +86,7 @@ def test_n_stop_seed_logprobs(client):
 
 def test_32_concurrent_streams_are_independent(server):
     async def run():
-        client = openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=API_KEY, max_retries=0, timeout=600)
+        client = openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key=API_KEY, max_retries=0, timeout=600)
         prompts = [f"Write the number {i} in words." for i in range(32)]
 
         async def stream(p):
@@ -92,64 +104,84 @@ def test_32_concurrent_streams_are_independent(server):
     streamed, alone = asyncio.run(run())
     assert streamed[:4] == alone
     assert len(set(streamed)) > 16  # different prompts, different answers
-    wait_idle(server)
+    server.wait_idle()
 
 
 def test_disconnect_mid_stream_frees_everything(server):
     body = {"model": MODEL, "prompt": "Tell me a very long story.", "max_tokens": 1500, "stream": True,
             "ignore_eos": True}
-    with httpx.stream("POST", f"{server}/v1/completions", json=body, timeout=60,
+    with httpx.stream("POST", f"{server.base}/v1/completions", json=body, timeout=60,
                       headers={"Authorization": f"Bearer {API_KEY}"}) as response:
         lines = 0
         for line in response.iter_lines():
             lines += bool(line)
             if lines >= 3:
                 break
-    assert metric(server, "pagedllm_kv_blocks_total") == NUM_KV_BLOCKS
-    wait_idle(server)
-    assert metric(server, "pagedllm_requests_aborted_total") >= 1
+    assert server.metric("pagedllm_kv_blocks_total") == 512
+    server.wait_idle()
+    assert server.metric("pagedllm_requests_aborted_total") >= 1
 
 
 def test_errors_through_the_server(server):
     headers = {"Authorization": f"Bearer {API_KEY}"}
-    no_key = httpx.post(f"{server}/v1/completions", json={"model": MODEL, "prompt": "x"})
+    no_key = httpx.post(f"{server.base}/v1/completions", json={"model": MODEL, "prompt": "x"})
     assert no_key.status_code == 401 and no_key.json()["error"]["code"] == "invalid_api_key"
-    unknown = httpx.post(f"{server}/v1/completions", json={"model": "nope", "prompt": "x"}, headers=headers)
+    unknown = httpx.post(f"{server.base}/v1/completions", json={"model": "nope", "prompt": "x"}, headers=headers)
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
-    too_long = httpx.post(f"{server}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 5000},
+    too_long = httpx.post(f"{server.base}/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 5000},
                           headers=headers)
     assert too_long.status_code == 400 and "2048" in too_long.json()["error"]["message"]
-    assert httpx.get(f"{server}/readyz").status_code == 200  # health stays open
+    # unknown /v1 paths reach the API: OpenAI's 404, behind the key like every /v1 path
+    assert httpx.get(f"{server.base}/v1/embeddings").status_code == 401
+    nope = httpx.get(f"{server.base}/v1/embeddings", headers=headers)
+    assert nope.status_code == 404 and nope.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_health_and_metrics_open_as_configured_the_rest_behind_the_key(server):
+    for path in ("/readyz", "/livez", "/healthz", "/metrics"):  # PAGEDLLM_OPEN_HEALTH_AND_METRICS=true
+        assert httpx.get(f"{server.base}{path}").status_code == 200, path
+    for path in ("/", "/docs.json", "/schema.json"):
+        r = httpx.get(f"{server.base}{path}")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
+
+
+def test_no_cors_unless_configured(server):
+    preflight = httpx.options(f"{server.base}/v1/chat/completions", headers={
+        "Origin": "https://example.com", "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in preflight.headers
+    r = httpx.get(f"{server.base}/v1/models", headers={"Origin": "https://example.com",
+                                                       "Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 200 and not any(h.startswith("access-control-") for h in r.headers)
 
 
 def test_shared_system_prompt_hits_the_prefix_cache(client, server):
     system = {"role": "system", "content": "You answer in one short sentence. " * 30}
-    before = metric(server, "pagedllm_prefix_cache_hits_total")
+    before = server.metric("pagedllm_prefix_cache_hits_total")
     for question in ("What is the capital of Italy?", "What is the capital of Spain?"):
         client.chat.completions.create(model=MODEL, messages=[system, {"role": "user", "content": question}],
                                        temperature=0, max_tokens=8)
     # the second request reuses the ~200-token system prompt's full blocks
-    assert metric(server, "pagedllm_prefix_cache_hits_total") - before >= 160
-    assert metric(server, "pagedllm_prefix_cache_queries_total") > 0
+    assert server.metric("pagedllm_prefix_cache_hits_total") - before >= 160
+    assert server.metric("pagedllm_prefix_cache_queries_total") > 0
 
 
 def test_metrics_report_engine_state(server):
     for name in ("pagedllm_requests_running", "pagedllm_requests_waiting", "pagedllm_kv_blocks_used",
                  "pagedllm_prompt_tokens_total", "pagedllm_generation_tokens_total", "pagedllm_preemptions_total",
                  "pagedllm_time_to_first_token_seconds_count", "pagedllm_time_per_output_token_seconds_count"):
-        metric(server, name)
-    assert metric(server, "pagedllm_generation_tokens_total") > 0
-    assert metric(server, "pagedllm_time_to_first_token_seconds_count") > 0
+        server.metric(name)
+    assert server.metric("pagedllm_generation_tokens_total") > 0
+    assert server.metric("pagedllm_time_to_first_token_seconds_count") > 0
 
 
 def test_generated_tokens_are_counted_exactly(client, server):
     """With async scheduling a stopped sequence has one more token sampled, which is dropped: the counter
     must count the tokens delivered."""
-    before = metric(server, "pagedllm_generation_tokens_total")
+    before = server.metric("pagedllm_generation_tokens_total")
     stopped = client.completions.create(model=MODEL, prompt="Count: one, two,", max_tokens=12, temperature=0,
                                         stop=[","])
     full = client.completions.create(model=MODEL, prompt="Count: one, two,", max_tokens=9, temperature=0,
                                      extra_body={"ignore_eos": True})
     delivered = stopped.usage.completion_tokens + full.usage.completion_tokens
     assert stopped.choices[0].finish_reason == "stop" and full.usage.completion_tokens == 9
-    assert metric(server, "pagedllm_generation_tokens_total") - before == delivered
+    assert server.metric("pagedllm_generation_tokens_total") - before == delivered

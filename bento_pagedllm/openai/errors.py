@@ -20,6 +20,7 @@ class OpenAIError(Exception):
         type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
         param: str | None = None,
         code: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -27,16 +28,35 @@ class OpenAIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.headers = dict(headers or {})
 
     def to_dict(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self, headers: Mapping[str, str] | None = None) -> JSONResponse:
-        return JSONResponse(self.to_dict(), status_code=self.status, headers=headers)
+        return JSONResponse(self.to_dict(), status_code=self.status, headers={**self.headers, **(headers or {})})
 
 
 def server_error(message: str = "The server had an error while processing your request.") -> OpenAIError:
     return OpenAIError(message, status=500, type="server_error")
+
+
+def overloaded(retry_after_s: int) -> OpenAIError:
+    """Backpressure: too many requests wait already. 503 with Retry-After, which OpenAI's clients honour."""
+    return OpenAIError("The server is currently overloaded with other requests. Please retry after "
+                       f"{retry_after_s} s.", status=503, type="server_error", code="engine_overloaded",
+                       headers={"Retry-After": str(retry_after_s)})
+
+
+def shutting_down(retry_after_s: int) -> OpenAIError:
+    return OpenAIError("The server is shutting down. Please retry on another instance or later.", status=503,
+                       type="server_error", code="server_shutting_down",
+                       headers={"Retry-After": str(retry_after_s)})
+
+
+def timed_out(error: Exception) -> OpenAIError:
+    return OpenAIError(f"The request was aborted: {error}.", status=504, type="server_error",
+                       code="request_timeout")
 
 
 def invalid_json() -> OpenAIError:

@@ -2,22 +2,35 @@
 
 Field names and ranges follow OpenAI's API reference; `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
 `stop_token_ids` and `min_tokens` are vLLM's extensions. Unknown fields are ignored. Types are strict
-(`"temperature": "1"` is an error, as in OpenAI's API), except that an integer is a valid float.
+(`"temperature": "1"` is an error, as in OpenAI's API), except that an integer is a valid float and, as JSON
+Schema has it, a float without a fractional part (`2.0`) a valid integer. The API's OpenAPI document is generated
+from these models (schema.py), and the tests fuzz the server against it.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 MAX_LOGPROBS = 20  # SamplingParams.MAX_LOGPROBS; OpenAI's limit for top_logprobs too
 MAX_N = 128
+# NOTE: each stop string and stop token id is checked after every generated token, on the engine thread that
+# serves everyone: long lists would slow all requests down. (OpenAI takes at most 4 stop strings.)
+MAX_STOP_STRINGS = 16
+MAX_STOP_TOKEN_IDS = 64
 
+
+
+def _integral_float_to_int(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+Int = Annotated[int, BeforeValidator(_integral_float_to_int)]  # NOTE: use it, not int, for every integer field
 Float = Annotated[float, Field(allow_inf_nan=False)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
-PositiveInt = Annotated[int, Field(ge=1)]
-TokenId = Annotated[int, Field(ge=0)]
+PositiveInt = Annotated[Int, Field(ge=1)]
+TokenId = Annotated[Int, Field(ge=0)]
 
 
 class _Body(BaseModel):
@@ -32,12 +45,12 @@ class _SamplingRequest(_Body):
     """What completions and chat completions share."""
 
     model: str
-    n: Annotated[int, Field(ge=1, le=MAX_N)] | None = 1
+    n: Annotated[Int, Field(ge=1, le=MAX_N)] | None = 1
     max_tokens: PositiveInt | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
-    stop: str | list[str] | None = None
-    seed: Annotated[int, Field(ge=-(1 << 63), lt=1 << 64)] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    seed: Annotated[Int, Field(ge=-(1 << 63), lt=1 << 64)] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     logit_bias: dict[str, Float] | None = None  # accepted only when empty: not supported
@@ -45,12 +58,12 @@ class _SamplingRequest(_Body):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     # vLLM extensions
-    top_k: Annotated[int, Field(ge=-1)] | None = None  # -1 or 0: disabled
+    top_k: Annotated[Int, Field(ge=-1)] | None = None  # -1 or 0: disabled
     min_p: Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0.0, allow_inf_nan=False)] | None = None
     ignore_eos: bool | None = False
-    stop_token_ids: list[TokenId] | None = None
-    min_tokens: Annotated[int, Field(ge=0)] | None = 0
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
+    min_tokens: Annotated[Int, Field(ge=0)] | None = 0
 
 
 class CompletionRequest(_SamplingRequest):
@@ -58,7 +71,7 @@ class CompletionRequest(_SamplingRequest):
 
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     echo: bool | None = False
-    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     suffix: str | None = None  # accepted only when null: not supported
     best_of: PositiveInt | None = None  # accepted only when equal to n
 
@@ -80,7 +93,7 @@ class ChatCompletionRequest(_SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
 
 FIELD_NAMES: frozenset[str] = frozenset(

@@ -5,15 +5,16 @@ Both generation endpoints go the same way: parse the body (protocol.py), tokeniz
 `n` choices itself), then answer in one JSON body or as Server-Sent Events. What differs between the two
 endpoints (the prompt, how a choice and a streamed delta look) is a `_Format`.
 
-Closing an engine stream aborts its request, so every path here closes the streams it opened: a client that
-goes away mid-stream (the SSE generator is closed) or before a non-streamed answer (its task is cancelled)
-frees its KV blocks at the engine's next step.
+An API request's engine requests are admitted together, synchronously, before the first byte of the answer:
+whatever refuses them (invalid, overloaded, shutting down) still gets its status code. Closing an engine stream
+aborts its request, so every path here closes the streams it opened: a client that goes away mid-stream (the SSE
+response is closed) or before a non-streamed answer (its task is cancelled) frees its KV blocks at the engine's
+next step. Every /v1 path, unknown ones included, sits behind the API key when one is set (auth.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import time
@@ -26,19 +27,29 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ..async_engine import AsyncLLMEngine
+from ..async_engine import (
+    AsyncLLMEngine,
+    EngineOverloadedError,
+    EngineShuttingDownError,
+    RequestFailedError,
+    RequestStream,
+    RequestTimeoutError,
+)
 from ..engine import RequestError
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from . import errors
+from .auth import APIKeyMiddleware
 from .errors import OpenAIError
 from .formats import _ChatFormat, _CompletionFormat, _finish_reason, _Format, _Prompt, _token_texts
 from .protocol import FIELD_NAMES, ChatCompletionRequest, CompletionRequest
+from .schema import openapi_document
 
 try:
     from jinja2 import TemplateError
@@ -48,6 +59,7 @@ except ImportError:  # pragma: no cover - transformers needs jinja2 for chat tem
 logger = logging.getLogger(__name__)
 
 LONG_INPUT_CHARS = 2048  # tokenize longer inputs in a worker thread, off the event loop
+MANY_MESSAGES = 64  # render longer conversations in a worker thread too
 T = TypeVar("T")
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -58,16 +70,23 @@ def build_openai_app(
     model_name: str,
     api_key: str | None = None,
     max_body_bytes: int = 4 << 20,
+    retry_after_s: int = 1,
 ) -> Starlette:
-    """The OpenAI API for one model. `get_engine()` is called per request (the engine may start later)."""
-    server = _Server(get_engine, model_name, api_key, max_body_bytes)
+    """The OpenAI API for one model. `get_engine()` is called per request (the engine may start later).
+
+    `max_body_bytes` bounds a request body (413 past it); `retry_after_s` is the Retry-After sent with 503s.
+    `GET /openapi.json` describes the API (the request bodies' schemas come from protocol.py)."""
+    server = _Server(get_engine, model_name, max_body_bytes, retry_after_s)
+    document = openapi_document(model_name, secured=api_key is not None)
     routes = [
         Route("/models", server.guard(server.list_models), methods=["GET"]),
         Route("/models/{model:path}", server.guard(server.retrieve_model), methods=["GET"]),
         Route("/completions", server.guard(server.completions), methods=["POST"]),
         Route("/chat/completions", server.guard(server.chat_completions), methods=["POST"]),
+        Route("/openapi.json", lambda request: JSONResponse(document), methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_exception})
+    middleware = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
+    return Starlette(routes=routes, middleware=middleware, exception_handlers={HTTPException: _http_exception})
 
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
@@ -100,45 +119,49 @@ class _Job:
 
 class _Server:
     def __init__(
-        self, get_engine: Callable[[], AsyncLLMEngine], model_name: str, api_key: str | None, max_body_bytes: int
+        self, get_engine: Callable[[], AsyncLLMEngine], model_name: str, max_body_bytes: int, retry_after_s: int
     ) -> None:
         self.get_engine = get_engine
         self.model_name = model_name
-        self._api_key = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
+        self.retry_after_s = retry_after_s
         self.created = int(time.time())
 
     # ---- what every route does ----------------------------------------------------------------
     def guard(self, handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
-        """Authenticate, then map every failure to OpenAI's error object."""
+        """Map every failure to OpenAI's error object."""
 
         async def endpoint(request: Request) -> Response:
             try:
-                self._authenticate(request)
                 return await handler(request)
-            except OpenAIError as error:
-                return error.response()
-            except RequestError as error:
-                return OpenAIError(str(error)).response()
             except ClientDisconnect:
                 return Response(status_code=499)  # nobody reads it
-            except Exception:
-                logger.exception("%s %s failed", request.method, request.url.path)
-                return errors.server_error().response()
+            except Exception as error:  # noqa: BLE001 - mapped to a status and OpenAI's error object
+                return self._reporter(request)(error).response()
 
         return endpoint
 
-    def _authenticate(self, request: Request) -> None:
-        if self._api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise OpenAIError(
-                "You didn't provide an API key: pass it as 'Authorization: Bearer <key>'.",
-                status=401, code="invalid_api_key",
-            )
-        if not hmac.compare_digest(token.strip().encode(), self._api_key):
-            raise OpenAIError("Incorrect API key provided.", status=401, code="invalid_api_key")
+    def _reporter(self, request: Request) -> Callable[[Exception], OpenAIError]:
+        return lambda error: self.as_openai_error(error, f"{request.method} {request.url.path}")
+
+    def as_openai_error(self, error: Exception, what: str) -> OpenAIError:
+        """The client's view of a failure; internals (an engine failure's cause) go to the log only."""
+        if isinstance(error, OpenAIError):
+            return error
+        if isinstance(error, RequestError):
+            return OpenAIError(str(error))
+        if isinstance(error, EngineOverloadedError):
+            return errors.overloaded(self.retry_after_s)
+        if isinstance(error, EngineShuttingDownError):
+            return errors.shutting_down(self.retry_after_s)
+        if isinstance(error, RequestTimeoutError):
+            logger.warning("%s: %s", what, error)
+            return errors.timed_out(error)
+        if isinstance(error, RequestFailedError):
+            logger.warning("%s: %s", what, error)  # NOTE: the engine logged the failure itself
+        else:
+            logger.error("%s failed", what, exc_info=error)
+        return errors.server_error()
 
     async def _parse(self, request: Request, model: type[Body]) -> Body:
         length = request.headers.get("content-length", "")
@@ -187,11 +210,16 @@ class _Server:
             raise OpenAIError("best_of is supported only when equal to n.", param="best_of")
         if body.echo and body.logprobs is not None:
             raise OpenAIError("echo with logprobs is not supported (no prompt logprobs).", param="echo")
-        prompts = [await _tokenize(engine, p) for p in _completion_prompts(body.prompt)]
+        texts = _completion_prompts(body.prompt)
+        limit = engine.limits.max_waiting_requests
+        if limit is not None and len(texts) > limit:  # NOTE: never admissible: a 503 would invite retries
+            raise OpenAIError(f"The prompt holds {len(texts)} prompts; this server takes at most {limit} in one "
+                              "request.", param="prompt")
+        prompts = [await _tokenize(engine, p) for p in texts]
         base = _base_params(body, engine, logprobs=body.logprobs)
         job = _job("cmpl", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt"))
         fmt = _CompletionFormat(_token_texts(engine.tokenizer), body.logprobs, bool(body.echo))
-        return await _respond(request, engine, job, fmt, body)
+        return await _respond(request, engine, job, fmt, body, self._reporter(request))
 
     # ---- POST /chat/completions ----------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
@@ -201,7 +229,7 @@ class _Server:
             raise OpenAIError("logprobs must be true when top_logprobs is set.", param="top_logprobs")
         messages = _chat_messages(body)
         try:
-            if sum(len(m["content"]) for m in messages) > LONG_INPUT_CHARS:
+            if len(messages) > MANY_MESSAGES or sum(len(m["content"]) for m in messages) > LONG_INPUT_CHARS:
                 ids = await asyncio.to_thread(engine.engine.chat_prompt_ids, messages)
             else:
                 ids = engine.engine.chat_prompt_ids(messages)
@@ -213,7 +241,7 @@ class _Server:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         job = _job("chatcmpl", body, prompts, _fit_context(engine, base, prompts, max_tokens, "messages"))
         fmt = _ChatFormat(_token_texts(engine.tokenizer), logprobs is not None)
-        return await _respond(request, engine, job, fmt, body)
+        return await _respond(request, engine, job, fmt, body, self._reporter(request))
 
 
 def _too_large(limit: int) -> OpenAIError:
@@ -337,47 +365,62 @@ def _job(prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: 
 # ---- running the engine requests --------------------------------------------------------------------
 
 
-async def _engine_outputs(engine: AsyncLLMEngine, job: _Job) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """The outputs of the job's engine requests (one per prompt, run concurrently) as (prompt index, output).
+class _JobStreams:
+    """The engine streams of one API request, one per prompt: admitted all together or none.
 
-    Closing this generator closes every engine stream, which aborts the requests not yet finished.
+    NOTE: `close()` aborts every engine request not yet finished; each path that admits a job closes it, even
+    when the answer never starts (a client gone before the first byte).
     """
-    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
-    async def pump(i: int) -> None:
+    def __init__(self, engine: AsyncLLMEngine, job: _Job) -> None:
+        self.streams: list[RequestStream] = []
         try:
-            stream = engine.generate(job.prompts[i].token_ids, job.params[i], request_id=f"{job.id}-{i}")
-            async with aclosing(stream):
+            for i, (prompt, params) in enumerate(zip(job.prompts, job.params)):
+                self.streams.append(engine.submit(prompt.token_ids, params, request_id=f"{job.id}-{i}"))
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.close()
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """The outputs of all streams as they come (run concurrently), as (prompt index, output)."""
+        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+        async def pump(i: int, stream: RequestStream) -> None:
+            try:
                 async for out in stream:
                     queue.put_nowait((i, out))
-            queue.put_nowait((i, None))
-        except Exception as error:  # noqa: BLE001 - handed to the consumer
-            queue.put_nowait((i, error))
+                queue.put_nowait((i, None))
+            except Exception as error:  # noqa: BLE001 - handed to the consumer
+                queue.put_nowait((i, error))
 
-    tasks = [asyncio.create_task(pump(i)) for i in range(len(job.prompts))]
-    try:
-        running = len(tasks)
-        while running:
-            i, item = await queue.get()
-            if item is None:
-                running -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for task in tasks:
-            task.cancel()  # NOTE: synchronous; each pump's `aclosing` then aborts its engine request
-        await asyncio.gather(*tasks, return_exceptions=True)
+        tasks = [asyncio.create_task(pump(i, stream)) for i, stream in enumerate(self.streams)]
+        try:
+            running = len(tasks)
+            while running:
+                i, item = await queue.get()
+                if item is None:
+                    running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.close()
 
-
-async def _final_outputs(engine: AsyncLLMEngine, job: _Job) -> list[RequestOutput]:
-    final: dict[int, RequestOutput] = {}
-    async with aclosing(_engine_outputs(engine, job)) as outputs:
-        async for i, out in outputs:
-            if out.finished:
-                final[i] = out
-    return [final[i] for i in range(len(job.prompts))]
+    async def final_outputs(self) -> list[RequestOutput]:
+        final: dict[int, RequestOutput] = {}
+        async with aclosing(self.outputs()) as outputs:
+            async for i, out in outputs:
+                if out.finished:
+                    final[i] = out
+        return [final[i] for i in range(len(self.streams))]
 
 
 async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
@@ -404,12 +447,18 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 
 async def _respond(
-    request: Request, engine: AsyncLLMEngine, job: _Job, fmt: "_Format", body: Any
+    request: Request, engine: AsyncLLMEngine, job: _Job, fmt: "_Format", body: Any,
+    report: Callable[[Exception], OpenAIError],
 ) -> Response:
+    """Admit the job (refusals raise here, before any byte is sent), then answer in one body or as SSE."""
+    streams = _JobStreams(engine, job)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _SSEResponse(_sse_events(engine, job, fmt, include_usage))
-    outputs = await _until_disconnect(request, _final_outputs(engine, job))
+        return _SSEResponse(_sse_events(streams, job, fmt, include_usage, report), on_close=streams.close)
+    try:
+        outputs = await _until_disconnect(request, streams.final_outputs())
+    finally:
+        streams.close()
     choices, completion_tokens = [], 0
     for p_index, (prompt, out) in enumerate(zip(job.prompts, outputs)):
         for choice in sorted(out.outputs, key=lambda c: c.index):
@@ -441,10 +490,11 @@ def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def _sse_events(engine: AsyncLLMEngine, job: _Job, fmt: "_Format", include_usage: bool) -> AsyncIterator[str]:
+async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_usage: bool,
+                      report: Callable[[Exception], OpenAIError]) -> AsyncIterator[str]:
     """The stream as OpenAI sends it: per choice an opening chunk (chat: the role), its deltas as generated, a
-    chunk with its finish_reason; then the usage chunk if asked for, then [DONE]. A failure ends the stream
-    with an error event."""
+    chunk with its finish_reason; then the usage chunk if asked for, then [DONE]. A failure (the engine's, a
+    timeout, a shutdown) ends the stream with an error event instead of [DONE]."""
 
     def chunk(choice: dict[str, Any] | None, usage: dict[str, int] | None = None) -> str:
         payload = {
@@ -465,7 +515,7 @@ async def _sse_events(engine: AsyncLLMEngine, job: _Job, fmt: "_Format", include
             yield "".join(chunk(choice) for choice in opening if choice is not None)
         finished: set[int] = set()
         completion_tokens = 0
-        async with aclosing(_engine_outputs(engine, job)) as outputs:
+        async with aclosing(streams.outputs()) as outputs:
             async for p_index, out in outputs:
                 events = []
                 for choice in out.outputs:
@@ -485,29 +535,25 @@ async def _sse_events(engine: AsyncLLMEngine, job: _Job, fmt: "_Format", include
             yield chunk(None, _usage(job.prompt_tokens, completion_tokens))
         yield "data: [DONE]\n\n"
     except Exception as error:  # noqa: BLE001 - the status line is sent: report it in the stream
-        if isinstance(error, OpenAIError):
-            reported = error
-        elif isinstance(error, RequestError):
-            reported = OpenAIError(str(error))
-        else:
-            logger.exception("stream %s failed", job.id)
-            reported = errors.server_error()
-        yield _sse(reported.to_dict())
+        yield _sse(report(error).to_dict())
 
 
 class _SSEResponse(StreamingResponse):
-    """A StreamingResponse that always closes its generator (Starlette may just stop iterating it when the
-    client disconnects): closing it is what aborts the engine requests."""
+    """A StreamingResponse that always closes its generator and its engine streams (Starlette may just stop
+    iterating when the client disconnects, or never start when the client is gone already): closing them is
+    what aborts the engine requests."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[str]) -> None:
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
         super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            self._on_close()
 
 
