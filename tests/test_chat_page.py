@@ -103,7 +103,9 @@ def test_page_loads_without_the_key_and_asks_for_it(page, server):
     assert response.status_code == 200 and "text/html" in response.headers["content-type"]
     assert "script-src 'self'" in response.headers["content-security-policy"]
     assert httpx.get(f"{server}/v1/models").status_code == 401  # the API does need the key
-    assert httpx.get(f"{server}/").status_code == 200  # BentoML's own page stays where it was
+    # BentoML's own page stays where it was (behind the key, like every route but the page and the probes)
+    assert httpx.get(f"{server}/").status_code == 401
+    assert httpx.get(f"{server}/", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
 
     page.goto(f"{server}/chat")
     assert page.url == f"{server}/chat/"
