@@ -94,7 +94,6 @@ class ModelRunner:
             # NOTE: at tp > 1 every rank captures the same ladder in the same order, and the graphs hold
             # the NCCL all-reduces (capturable since NCCL 2.9.6, pytorch#103503). Not yet run on GPUs:
             # `enforce_eager=True` is the fallback should capture or replay misbehave.
-
             self.graphs = DecodeGraphs(
                 model, self.kv_caches, max_batch=configs.cuda_graph_max_batch,
                 max_model_len=configs.scheduler.max_model_len, block_size=self.block_size, device=self.device,
