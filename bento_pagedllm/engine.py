@@ -208,7 +208,14 @@ class LLMEngine:
         if not plan.is_empty:
             if self.workers is not None:
                 self.workers.send_step(plan)  # the other ranks run the same step alongside
-            launched = self.runner.launch(plan)
+            try:
+                launched = self.runner.launch(plan)
+            except BaseException:
+                if self.workers is not None:
+                    # NOTE: the ranks may now disagree on which collective comes next: the group cannot go
+                    # on, so its workers stop and every later step fails at once instead of hanging
+                    self.shutdown()
+                raise
             self.scheduler.update_computed(plan)
         if in_flight is not None:
             outputs += self._read_step(in_flight)

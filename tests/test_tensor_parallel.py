@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import time
 
 import pytest
 import torch
@@ -126,6 +127,29 @@ def test_tp4_greedy_matches_one_process(tiny_dir, reference):
     assert llm.engine.runner.kv_cache.shape[-2] == 1
     assert_same(result, reference)
     llm.engine.shutdown()
+
+
+def test_a_dead_worker_fails_the_next_step_at_once(tiny_dir):
+    """No hang: rank 0 finds the worker's pipe closed before it enters any collective."""
+    import signal
+
+    from bento_pagedllm.engine import LLMEngine
+
+    engine = LLMEngine(EngineArgs(model=tiny_dir, tensor_parallel_size=2, **ENGINE))
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    engine.add_request("a", [5, 6, 7], params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    (pid,) = engine.workers.pids
+    os.kill(pid, signal.SIGKILL)  # NOTE: the worker this test's engine started
+    for _ in range(100):
+        if not alive([pid]):
+            break
+        time.sleep(0.1)
+    engine.add_request("b", [5, 6, 7], params)
+    with pytest.raises(RuntimeError, match="tensor-parallel worker 1 is gone"):
+        engine.step()
+    engine.shutdown()
 
 
 def test_tensor_parallel_size_is_validated_before_any_process_starts(tiny_dir):
