@@ -130,7 +130,7 @@ def test_tp4_greedy_matches_one_process(tiny_dir, reference):
 
 
 def test_a_dead_worker_fails_the_next_step_at_once(tiny_dir):
-    """No hang: rank 0 finds the worker's pipe closed before it enters any collective."""
+    """No hang, and no step after a failed one (the ranks could be out of step)."""
     import signal
 
     from bento_pagedllm.engine import LLMEngine
@@ -147,6 +147,11 @@ def test_a_dead_worker_fails_the_next_step_at_once(tiny_dir):
             break
         time.sleep(0.1)
     engine.add_request("b", [5, 6, 7], params)
+    # rank 0 finds the pipe closed, or (when the send still went through) gloo's read fails in the first
+    # all-reduce: an error either way, never a hang
+    with pytest.raises(RuntimeError):
+        engine.step()
+    # and the group is over: every later step fails at once
     with pytest.raises(RuntimeError, match="tensor-parallel worker 1 is gone"):
         engine.step()
     engine.shutdown()
