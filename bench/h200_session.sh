@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of BENCHMARKS.md, as run on the lent H200 from the source tree (no bentoml there:
 # wheels travel in .whl/ and .whl-bento/). Usage: bash bench/h200_session.sh PART OUTDIR
+# (PART tp2 / tp4: tensor parallelism, on the 2- and 4-GPU kinds)
 set -uo pipefail
 part=$1; out=$2; mkdir -p "$out"
 PY=${PY:-python3}
@@ -32,6 +33,15 @@ case $part in
     run serve_offline_llama2-7b 60 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
     run serve_offline_llama3-8b 60 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama3-8b.json"
     run single_stream_7b 200 $PY bench/single_stream.py --models llama2-7b --peers compile --runs 2 --out "$out/single_stream_llama2-7b.json"
+    ;;
+  tp2)
+    # issue 7 on nvidia-h200-x2: Llama-3-8B shape, the 500-request workload on 1 GPU, then on 2 (target 1.7x)
+    for tp in 1 2; do
+      run serve_offline_llama3-8b_tp$tp 180 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $BIG --tensor-parallel-size $tp --out "$out/serve_offline_llama3-8b_tp$tp.json"; done
+    ;;
+  tp4)
+    # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)
+    run single_stream_llama2-70b_tp4 400 $PY bench/single_stream.py --models llama2-70b --peers none --runs 2 --tensor-parallel-size 4 --out "$out/single_stream_llama2-70b_tp4.json"
     ;;
   online)
     # a real `bentoml serve service:svc` with random weights of a shape (imported as a config-only model),

@@ -80,7 +80,8 @@ def shape_dir(shape: str) -> str:
 
 
 def engine_kwargs(args) -> dict:
-    kwargs = dict(dtype=args.dtype, device=args.device, enable_prefix_caching=not args.no_prefix_caching)
+    kwargs = dict(dtype=args.dtype, device=args.device, enable_prefix_caching=not args.no_prefix_caching,
+                  tensor_parallel_size=args.tensor_parallel_size)
     if args.sync_scheduling:
         kwargs["async_scheduling"] = False
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_graph_batch"):
@@ -118,6 +119,7 @@ def run_offline(args, requests) -> dict:
         from timeline import idle_fraction
 
         extra["gpu_timeline"] = idle_fraction(timeline)
+    engine.shutdown()  # the tensor-parallel workers, if any
     return report(list(records.values()), wall, extra)
 
 
@@ -212,6 +214,7 @@ def run_async(args, requests) -> dict:
 
     records, wall = asyncio.run(replay(requests, send))
     engine.shutdown()
+    inner.shutdown()  # the tensor-parallel workers, if any
     return report(records, wall, {"kv_blocks": inner.block_manager.num_blocks,
                                   "preemptions": inner.scheduler.num_preemptions_total,
                                   "prefix_hit_tokens": inner.block_manager.prefix_hit_tokens,
@@ -261,6 +264,8 @@ def main() -> None:
     parser.add_argument("--max-graph-batch", type=int, default=None)
     parser.add_argument("--sync-scheduling", action="store_true", help="read each step before planning the next")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="GPUs (ranks) the model is split over (offline and async modes)")
     parser.add_argument("--url", default="http://127.0.0.1:3000")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="served model name (online)")
     parser.add_argument("--api-key", default=None)
@@ -274,7 +279,8 @@ def main() -> None:
         requests = [dict(r, prompt_ids=shared + r["prompt_ids"]) for r in requests]
     run = {"offline": run_offline, "async": run_async, "online": run_online, "transformers": run_transformers}[args.mode]
     result = {"date": datetime.date.today().isoformat(), "mode": args.mode, "requests_file": args.requests,
-              "num_requests": len(requests), "shape": args.shape, **run(args, requests)}
+              "num_requests": len(requests), "shape": args.shape,
+              "tensor_parallel_size": args.tensor_parallel_size, **run(args, requests)}
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

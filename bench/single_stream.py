@@ -7,6 +7,13 @@ the bandwidth of a large on-device copy (bytes read + written per second).
 
     python bench/single_stream.py --models llama2-7b llama3-8b smollm2-135m --peers eager,compile \
         --out bench/results/single_stream.json
+
+With `--tensor-parallel-size N` the engine splits the model over GPUs 0..N-1 and the roofline is the
+aggregate one (weight bytes / (N x one GPU's copy bandwidth)); the transformers peers stay on one GPU
+(use `--peers none` for shapes that do not fit one), e.g. the 70B shape on 4 GPUs:
+
+    python bench/single_stream.py --models llama2-70b --tensor-parallel-size 4 --peers none \
+        --out bench/results/single_stream_tp4.json
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ SHAPES = {
     "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
                       rms_norm_eps=1e-5, rope_theta=500000.0),
+    "llama2-70b": dict(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                       num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=4096,
+                       rms_norm_eps=1e-5, rope_theta=10000.0),
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
                          rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True),
@@ -64,12 +74,13 @@ def config_dir(shape: dict) -> str:
     return path
 
 
-def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | None = None) -> dict:
+def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | None = None,
+                 tensor_parallel_size: int = 1) -> dict:
     from bento_pagedllm import LLM, SamplingParams
 
     torch.cuda.synchronize()
     start = time.perf_counter()
-    llm = LLM(path, load_format="dummy", dtype="bfloat16", device="cuda")
+    llm = LLM(path, load_format="dummy", dtype="bfloat16", device="cuda", tensor_parallel_size=tensor_parallel_size)
     torch.cuda.synchronize()
     startup = time.perf_counter() - start
     params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
@@ -95,6 +106,7 @@ def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | No
             llm.generate([prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))
         with open(profile_path, "w") as f:
             f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
+    llm.engine.shutdown()  # the tensor-parallel workers, if any
     del llm, graphs
     gc.collect()  # NOTE: the engine holds cycles (scheduler callbacks); free its KV cache before the next model
     torch.cuda.empty_cache()
@@ -139,21 +151,24 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default=None)
     parser.add_argument("--profile-dir", default=None, help="write a torch.profiler table per model here")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the engine splits the model over")
     args = parser.parse_args()
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
     bandwidth = copy_bandwidth()
     prompt = torch.randint(100, 30000, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     results = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
-               "torch": torch.__version__, "copy_bandwidth_tbs": bandwidth / 1e12, "models": {}}
+               "torch": torch.__version__, "copy_bandwidth_tbs": bandwidth / 1e12,
+               "tensor_parallel_size": args.tensor_parallel_size, "models": {}}
     for name in args.models:
         path = config_dir(SHAPES[name])
         from bento_pagedllm.config import ModelConfig
 
         weight_bytes = ModelConfig.from_hf_config(json.load(open(os.path.join(path, "config.json")))).num_parameters() * 2
-        entry = {"weight_bytes": weight_bytes, "roofline_tok_s": bandwidth / weight_bytes}
+        # NOTE: N ranks stream their 1/N of the weights in parallel: the aggregate roofline
+        entry = {"weight_bytes": weight_bytes, "roofline_tok_s": args.tensor_parallel_size * bandwidth / weight_bytes}
         profile_path = os.path.join(args.profile_dir, f"profile_{name}.txt") if args.profile_dir else None
-        entry["engine"] = bench_engine(path, prompt, args.runs, profile_path)
+        entry["engine"] = bench_engine(path, prompt, args.runs, profile_path, args.tensor_parallel_size)
         for peer in [p for p in args.peers.split(",") if p in ("eager", "compile")]:
             entry[f"transformers_{peer}"] = bench_transformers(path, prompt, args.runs, compiled=peer == "compile")
         ours = entry["engine"]["decode_tok_s"]

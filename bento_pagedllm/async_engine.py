@@ -170,6 +170,7 @@ class AsyncLLMEngine:
         self.engine = engine if engine is not None else LLMEngine(args)  # type: ignore[arg-type]
         self.observer = observer or EngineObserver()
         self.limits = limits
+        self._owns_engine = engine is None  # NOTE: an engine given to us is its giver's to shut down
         self.tokenizer = self.engine.tokenizer
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -200,14 +201,16 @@ class AsyncLLMEngine:
         self._commands.put(_Drain(time.monotonic() + grace_s))
 
     def shutdown(self) -> None:
-        """Stop the engine thread; unfinished requests are aborted and their streams end with an error."""
+        """Stop the engine thread; unfinished requests are aborted and their streams end with an error.
+        An engine built here is shut down too (its tensor-parallel workers stop)."""
         self._draining = True
-        if self._thread is None:
-            return
-        self._stopping.set()
-        self._commands.put(None)
-        self._thread.join()
-        self._thread = None
+        if self._thread is not None:
+            self._stopping.set()
+            self._commands.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._owns_engine:
+            self.engine.shutdown()
 
     @property
     def is_running(self) -> bool:

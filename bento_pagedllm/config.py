@@ -207,6 +207,7 @@ class EngineConfigs:
     load_format: str
     cuda_graph_max_batch: int = 0  # decode graphs for batches up to this size; 0: none (CPU, eager)
     async_scheduling: bool = False  # plan and launch step N+1 before reading step N's tokens
+    tensor_parallel_size: int = 1  # processes (one device each) the heads and vocabulary are split over
 
 
 @dataclass
@@ -236,6 +237,9 @@ class EngineArgs:
     # waits for the host's bookkeeping. None: on where it pays (CUDA), off on the CPU (whose kernels run
     # in the calling thread, so there is nothing to overlap).
     async_scheduling: bool | None = None
+    # Split the attention heads, KV heads, MLP and vocabulary over this many processes (one GPU each on
+    # CUDA; gloo processes on the CPU). Rank 0 (this process) schedules and samples.
+    tensor_parallel_size: int = 1
     hf_config_overrides: dict[str, Any] = field(default_factory=dict)
 
     def resolve_device(self) -> torch.device:
@@ -258,6 +262,7 @@ class EngineArgs:
                 f"max_model_len {max_model_len} exceeds the model's {model_config.max_position_embeddings}"
             )
         batched = self.max_num_batched_tokens or max(2048, min(max_model_len, 8192))
+        self.validate_tensor_parallel(model_config, device)
         return EngineConfigs(
             model=model_config,
             cache=CacheConfig(
@@ -278,4 +283,24 @@ class EngineArgs:
             cuda_graph_max_batch=min(self.max_num_seqs, self.max_graph_batch)
             if device.type == "cuda" and not self.enforce_eager else 0,
             async_scheduling=device.type == "cuda" if self.async_scheduling is None else self.async_scheduling,
+            tensor_parallel_size=self.tensor_parallel_size,
         )
+
+    def validate_tensor_parallel(self, model_config: ModelConfig, device: torch.device) -> None:
+        """Every split must be even (no KV head replication), and CUDA needs one device per rank.
+
+        NOTE: the vocabulary need not divide: the last ranks' ranges are padded (distributed/layers.py).
+        """
+        tp = self.tensor_parallel_size
+        if not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+        for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+            value = getattr(model_config, name)
+            if value % tp:
+                raise ValueError(f"the model's {name} ({value}) is not divisible by tensor_parallel_size {tp}")
+        if tp > 1 and device.type == "cuda":
+            if device.index not in (None, 0):
+                raise ValueError("tensor parallelism uses devices 0..tensor_parallel_size-1: set the device "
+                                 "to 'cuda' and choose the GPUs with CUDA_VISIBLE_DEVICES")
+            if tp > torch.cuda.device_count():
+                raise ValueError(f"tensor_parallel_size {tp} needs {tp} GPUs, {torch.cuda.device_count()} visible")

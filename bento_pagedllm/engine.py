@@ -18,6 +18,8 @@ import torch
 
 from .block_manager import BlockManager
 from .config import EngineArgs, EngineConfigs
+from .distributed.parallel_state import ParallelConfig
+from .distributed.workers import TensorParallelWorkers
 from .loader import ModelSource, iter_weights, resolve_model
 from .model_runner import LaunchedStep, ModelRunner
 from .models.llama import LlamaForCausalLM
@@ -40,15 +42,18 @@ class RequestError(ValueError):
 TokenHook = Callable[[Sequence, TokenLogprob], None]
 
 
-def build_model(configs: EngineConfigs, source: ModelSource | None) -> LlamaForCausalLM:
-    """Create the model on its device in its dtype, then fill it with checkpoint or random weights."""
+def build_model(configs: EngineConfigs, source: ModelSource | None,
+                parallel: ParallelConfig | None = None) -> LlamaForCausalLM:
+    """Create the model (this rank's shard under tensor parallelism) on its device in its dtype, then fill
+    it with checkpoint or random weights."""
     device, dtype = configs.device.device, configs.device.dtype
     start = time.perf_counter()
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = LlamaForCausalLM(configs.model, max_positions=configs.scheduler.max_model_len, device=device)
+            model = LlamaForCausalLM(configs.model, max_positions=configs.scheduler.max_model_len, device=device,
+                                     parallel=parallel)
     finally:
         torch.set_default_dtype(previous)
     # NOTE: rotary tables stay float32 whatever the model dtype, as in transformers.
@@ -71,11 +76,19 @@ class LLMEngine:
         self.configs = args.create_configs(source.config, source.path)
         self.model_config = self.configs.model
         self.tokenizer = load_tokenizer(source.tokenizer_dir) if source.tokenizer_dir else None
-        self.model = build_model(self.configs, source)
-        self.runner = ModelRunner(self.configs, self.model)
+        # ranks 1.. of a tensor-parallel group: they build their shards while this process builds rank 0's
+        self.workers = TensorParallelWorkers(self.configs, source) if self.configs.tensor_parallel_size > 1 else None
+        try:
+            parallel = self.workers.parallel if self.workers is not None else ParallelConfig()
+            self.model = build_model(self.configs, source, parallel)
+            self.runner = ModelRunner(self.configs, self.model, parallel)
+        except BaseException:
+            self.shutdown()
+            raise
         block_size = self.configs.cache.block_size
         capacity = self.runner.num_blocks * block_size
         if capacity < self.configs.scheduler.max_model_len:
+            self.shutdown()
             raise ValueError(
                 f"the KV cache holds {capacity} tokens, fewer than max_model_len "
                 f"{self.configs.scheduler.max_model_len}: raise the memory budget or lower max_model_len"
@@ -167,6 +180,14 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (also done when the engine is garbage-collected).
+
+        NOTE: the engine cannot step afterwards.
+        """
+        if self.workers is not None:
+            self.workers.shutdown()
+
     # ---- one step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Plan and launch a step, and read the tokens of the step before it.
@@ -185,7 +206,16 @@ class LLMEngine:
         self.last_plan = plan  # read by metrics and tests
         launched = None
         if not plan.is_empty:
-            launched = self.runner.launch(plan)
+            if self.workers is not None:
+                self.workers.send_step(plan)  # the other ranks run the same step alongside
+            try:
+                launched = self.runner.launch(plan)
+            except BaseException:
+                if self.workers is not None:
+                    # NOTE: the ranks may now disagree on which collective comes next: the group cannot go
+                    # on, so its workers stop and every later step fails at once instead of hanging
+                    self.shutdown()
+                raise
             self.scheduler.update_computed(plan)
         if in_flight is not None:
             outputs += self._read_step(in_flight)

@@ -2,6 +2,10 @@
 
 It owns the KV cache and the device; it makes no scheduling decisions. One call of `execute` is one
 engine step, whatever mix of prefill chunks, decodes and recomputes the plan holds.
+
+Under tensor parallelism every rank has a runner over its shard of the model and of the KV cache (its
+KV heads of every block); all ranks run `launch` on the same plan (rank 0 sends it, see
+distributed/workers.py) and only rank 0 samples.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 
 from .attention import AttentionMetadata
 from .config import EngineConfigs
+from .distributed.parallel_state import ParallelConfig
 from .models.llama import LlamaForCausalLM
 from .sampler import HostSamples, SamplingBatch, sample
 from .scheduler import StepPlan
@@ -23,18 +28,20 @@ logger = logging.getLogger(__name__)
 
 
 def kv_block_bytes(configs: EngineConfigs) -> int:
-    """Bytes one KV block takes across all layers (keys and values)."""
+    """Bytes one KV block takes across all layers (keys and values) on one rank (its KV heads)."""
     m = configs.model
     element = torch.empty((), dtype=configs.device.dtype).element_size()
-    return 2 * m.num_hidden_layers * configs.cache.block_size * m.num_key_value_heads * m.head_dim * element
+    kv_heads = m.num_key_value_heads // configs.tensor_parallel_size
+    return 2 * m.num_hidden_layers * configs.cache.block_size * kv_heads * m.head_dim * element
 
 
 def activation_reserve_bytes(configs: EngineConfigs) -> int:
     """Memory a step's activations may take at most: the widest intermediates of a full token budget, and
-    float32 logits with their sampling temporaries for every running sequence, plus 1 GiB of slack."""
-    m, s = configs.model, configs.scheduler
+    float32 logits with their sampling temporaries for every running sequence, plus 1 GiB of slack.
+    (Per rank: the head and MLP intermediates are split; rank 0 gathers the full logits.)"""
+    m, s, tp = configs.model, configs.scheduler, configs.tensor_parallel_size
     element = torch.empty((), dtype=configs.device.dtype).element_size()
-    per_token = (6 * m.hidden_size + 4 * m.intermediate_size + 2 * (m.q_size + 2 * m.kv_size)) * element
+    per_token = (6 * m.hidden_size + (4 * m.intermediate_size + 2 * (m.q_size + 2 * m.kv_size)) // tp) * element
     logits = s.max_num_seqs * m.vocab_size * 4 * 6
     return s.max_num_batched_tokens * per_token + logits + (1 << 30)
 
@@ -58,16 +65,20 @@ def num_kv_blocks(configs: EngineConfigs) -> int:
 
 
 class ModelRunner:
-    def __init__(self, configs: EngineConfigs, model: LlamaForCausalLM) -> None:
+    def __init__(self, configs: EngineConfigs, model: LlamaForCausalLM,
+                 parallel: ParallelConfig | None = None) -> None:
         self.configs = configs
         self.model = model
+        self.parallel = parallel = parallel or ParallelConfig()
         self.device = configs.device.device
         self.block_size = configs.cache.block_size
-        self.num_blocks = num_kv_blocks(configs)
+        # NOTE: rank 0's block manager hands out block ids for every rank: all ranks hold the same count
+        self.num_blocks = parallel.all_reduce_min(num_kv_blocks(configs))
         m = configs.model
-        # [layers, k/v, num_blocks, block_size, kv_heads, head_dim]
+        kv_heads = parallel.shard(m.num_key_value_heads, "num_key_value_heads")
+        # [layers, k/v, num_blocks, block_size, kv_heads / tp, head_dim]
         self.kv_cache = torch.zeros(
-            m.num_hidden_layers, 2, self.num_blocks, self.block_size, m.num_key_value_heads, m.head_dim,
+            m.num_hidden_layers, 2, self.num_blocks, self.block_size, kv_heads, m.head_dim,
             dtype=configs.device.dtype, device=self.device,
         )
         self.kv_caches = [(self.kv_cache[i, 0], self.kv_cache[i, 1]) for i in range(m.num_hidden_layers)]
@@ -80,6 +91,9 @@ class ModelRunner:
         if configs.cuda_graph_max_batch:
             from .cuda_graphs import DecodeGraphs
 
+            # NOTE: at tp > 1 every rank captures the same ladder in the same order, and the graphs hold
+            # the NCCL all-reduces (capturable since NCCL 2.9.6, pytorch#103503). Not yet run on GPUs:
+            # `enforce_eager=True` is the fallback should capture or replay misbehave.
             self.graphs = DecodeGraphs(
                 model, self.kv_caches, max_batch=configs.cuda_graph_max_batch,
                 max_model_len=configs.scheduler.max_model_len, block_size=self.block_size, device=self.device,
@@ -116,13 +130,22 @@ class ModelRunner:
         rows = plan.sampling_rows
         if not rows:
             return self._launched(plan, None, started)
-        logits = self.model.compute_logits(hidden)  # [num_logit_rows, vocab]
-        if len(rows) != logits.shape[0]:  # forked choices share their prompt's logits row
-            logits = logits[to_device(torch.tensor([r.logits_index for r in rows]), self.device)]
-        batch = SamplingBatch.from_rows(rows, self.configs.model.vocab_size, self.device, self.eos_token_ids)
-        sampled = sample(logits, batch)
-        self._last_sampled = ({row.seq_id: i for i, row in enumerate(rows)}, sampled.token_ids)
-        return self._launched(plan, sampled.copy_to_host(), started)
+        logits = self.model.compute_logits(hidden)  # [num_logit_rows, vocab] on rank 0, None elsewhere
+        sampled = None
+        if self.parallel.is_driver:
+            if len(rows) != logits.shape[0]:  # forked choices share their prompt's logits row
+                logits = logits[to_device(torch.tensor([r.logits_index for r in rows]), self.device)]
+            batch = SamplingBatch.from_rows(rows, self.configs.model.vocab_size, self.device, self.eos_token_ids)
+            sampled = sample(logits, batch)
+            token_ids = sampled.token_ids  # [rows] int64
+        else:
+            token_ids = torch.empty(len(rows), dtype=torch.int64, device=self.device)
+        if self.configs.async_scheduling:
+            # NOTE: the next plan's PENDING inputs are these tokens, which only rank 0 sampled: every
+            # rank gets them now, device to device (a no-op at tp 1)
+            self.parallel.broadcast_from_driver(token_ids)
+        self._last_sampled = ({row.seq_id: i for i, row in enumerate(rows)}, token_ids)
+        return self._launched(plan, sampled.copy_to_host() if sampled is not None else None, started)
 
     def _launched(self, plan: StepPlan, samples: HostSamples | None, started) -> "LaunchedStep":
         step = LaunchedStep(plan, samples, started, self._record_event())

@@ -28,6 +28,7 @@
 | PAGEDLLM_LOAD_FORMAT | auto | `dummy`: random weights from the stored config.json (benchmarks) |
 | PAGEDLLM_MAX_GRAPH_BATCH | 256 | largest decode batch captured in a CUDA graph |
 | PAGEDLLM_ASYNC_SCHEDULING | auto | plan step N+1 before reading step N (auto: on for CUDA) |
+| PAGEDLLM_TENSOR_PARALLEL_SIZE | 1 | GPUs (processes) the model is split over; the service asks BentoML for as many |
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ _ENGINE_FIELDS = {
     "cpu_kv_cache_bytes": int, "num_kv_blocks": int, "max_model_len": int, "max_num_seqs": int,
     "max_num_batched_tokens": int, "seed": int, "enable_prefix_caching": _parse_bool,
     "load_format": str, "max_graph_batch": int, "async_scheduling": _parse_bool,
+    "tensor_parallel_size": int,
 }
 
 
@@ -146,6 +148,13 @@ class ServiceSettings:
         return EngineArgs(model=model_path, **self.engine)
 
     @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.engine.get("tensor_parallel_size", 1))
+
+    @property
     def resources(self) -> dict:
-        """One GPU when the machine has one (the service owns the engine, as a runner once did)."""
-        return {"gpu": 1} if shutil.which("nvidia-smi") else {"cpu": str(os.cpu_count() or 1)}
+        """One GPU per tensor-parallel rank when the machine has GPUs (the service owns the engine, as a
+        runner once did, and the engine spawns ranks 1.. itself)."""
+        if shutil.which("nvidia-smi"):
+            return {"gpu": self.tensor_parallel_size}
+        return {"cpu": str(os.cpu_count() or 1)}

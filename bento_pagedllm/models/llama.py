@@ -4,6 +4,11 @@ Numerics follow transformers' `LlamaForCausalLM` operation for operation (RMSNor
 rotary embeddings, GQA, SwiGLU), so greedy tokens match it exactly in float32. The projections are fused
 (q/k/v into one matrix, gate/up into one) to halve the number of matmuls; `load_weights` fuses
 transformers-named tensors as they stream in.
+
+Under tensor parallelism (`ParallelConfig.size > 1`) each rank holds `num_heads / size` query heads and
+`num_kv_heads / size` KV heads (column-parallel q/k/v, row-parallel o_proj), a slice of the MLP's
+intermediate features, and a range of the vocabulary (distributed/layers.py). Norms and the residual
+stream are replicated. At size 1 the same layers are plain matmuls.
 """
 
 from __future__ import annotations
@@ -16,6 +21,14 @@ from torch import nn
 
 from ..attention import AttentionMetadata
 from ..config import ModelConfig
+from ..distributed.layers import (
+    ColumnParallelLinear,
+    ParallelLMHead,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    vocab_parallel_logits,
+)
+from ..distributed.parallel_state import ParallelConfig
 from .cpu_linear import CpuLinear
 from .ops import TorchOps, TritonOps, attention_backend_for, ops_for
 
@@ -51,21 +64,22 @@ class RotaryEmbedding(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, parallel: ParallelConfig) -> None:
         super().__init__()
         h = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        # this rank's heads: num_heads / size query heads over num_kv_heads / size KV heads
+        self.num_heads = parallel.shard(config.num_attention_heads, "num_attention_heads")
+        self.num_kv_heads = parallel.shard(config.num_key_value_heads, "num_key_value_heads")
         self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.scale = config.head_dim**-0.5
         self.eps = config.rms_norm_eps
         self.input_layernorm = nn.Parameter(torch.ones(h))
-        self.qkv_proj = nn.Linear(h, config.q_size + 2 * config.kv_size, bias=False)
-        self.o_proj = nn.Linear(config.q_size, h, bias=False)
+        self.qkv_proj = ColumnParallelLinear(h, [config.q_size, config.kv_size, config.kv_size], parallel)
+        self.o_proj = RowParallelLinear(config.q_size, h, parallel)
         self.post_attention_layernorm = nn.Parameter(torch.ones(h))
-        self.gate_up_proj = nn.Linear(h, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, h, bias=False)
+        self.gate_up_proj = ColumnParallelLinear(h, [config.intermediate_size] * 2, parallel)
+        self.down_proj = RowParallelLinear(config.intermediate_size, h, parallel)
 
     def forward(self, hidden, residual, rotary_context, kv_cache, meta: AttentionMetadata, ops, backend):
         """hidden: the previous layer's output, residual: the running sum before it (None at layer 0).
@@ -73,14 +87,16 @@ class LlamaDecoderLayer(nn.Module):
         num_tokens = hidden.shape[0]
         hidden, residual = ops.add_rms_norm(hidden, residual, self.input_layernorm, self.eps)
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        # [num_tokens, num_heads / tp, head_dim] and [num_tokens, num_kv_heads / tp, head_dim]
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q = ops.rotary_and_store_kv(q, k, v, kv_cache, rotary_context, meta.slot_mapping)
-        attn = backend.forward(q, kv_cache, meta, self.scale)  # [num_tokens, num_heads, head_dim]
-        hidden = self.o_proj(attn.reshape(num_tokens, self.q_size))
+        attn = backend.forward(q, kv_cache, meta, self.scale)  # [num_tokens, num_heads / tp, head_dim]
+        hidden = self.o_proj(attn.reshape(num_tokens, self.q_size))  # [num_tokens, hidden], all-reduced
         hidden, residual = ops.add_rms_norm(hidden, residual, self.post_attention_layernorm, self.eps)
-        hidden = self.down_proj(ops.silu_and_mul(self.gate_up_proj(hidden)))  # [num_tokens, hidden]
+        # gate_up: [num_tokens, 2 * intermediate / tp]; down_proj all-reduces to [num_tokens, hidden]
+        hidden = self.down_proj(ops.silu_and_mul(self.gate_up_proj(hidden)))
         return hidden, residual
 
 
@@ -101,24 +117,27 @@ _RENAMED = {
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, max_positions: int, device: torch.device | None = None) -> None:
+    def __init__(self, config: ModelConfig, max_positions: int, device: torch.device | None = None,
+                 parallel: ParallelConfig | None = None) -> None:
         super().__init__()
         self.config = config
+        self.parallel = parallel = parallel or ParallelConfig()
         device = device or torch.device("cpu")
         self.ops: TorchOps | TritonOps = ops_for(device)
         self.backend = attention_backend_for(device)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, parallel) for _ in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
-        self.lm_head = None if config.tie_word_embeddings else nn.Parameter(
-            torch.empty(config.vocab_size, config.hidden_size)
+        self.lm_head = None if config.tie_word_embeddings else ParallelLMHead(
+            config.vocab_size, config.hidden_size, parallel
         )
         self.rotary = RotaryEmbedding(config, max_positions)
         self.cpu_lm_head: CpuLinear | None = None
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.lm_head is None else self.lm_head
+        """This rank's range of the vocabulary: [ceil(vocab / tp), hidden] (the whole table at tp 1)."""
+        return (self.embed_tokens if self.lm_head is None else self.lm_head).weight
 
     def forward(
         self,
@@ -134,41 +153,47 @@ class LlamaForCausalLM(nn.Module):
             hidden, residual = layer(hidden, residual, rotary, kv_cache, meta, self.ops, self.backend)
         return residual + hidden  # [num_tokens, hidden], before the final norm
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [num_rows, hidden] (already only the rows that need logits) -> [num_rows, vocab]."""
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """hidden: [num_rows, hidden] (already only the rows that need logits) -> [num_rows, vocab] on
+        rank 0, None on the other ranks (which send their vocabulary range to rank 0)."""
         hidden = self.ops.add_rms_norm(hidden, None, self.norm, self.config.rms_norm_eps)[0]
-        if self.cpu_lm_head is not None:
-            return self.cpu_lm_head(hidden)
-        return nn.functional.linear(hidden, self.lm_head_weight)
+        matmul = self.cpu_lm_head if self.cpu_lm_head is not None else (
+            lambda x: nn.functional.linear(x, self.lm_head_weight)
+        )
+        return vocab_parallel_logits(hidden, matmul, self.config.vocab_size, self.parallel)
 
     # ---- weights -------------------------------------------------------------------------------
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy transformers-named tensors into the fused parameters; every parameter must be covered."""
+        """Copy transformers-named tensors into the fused (and, under tensor parallelism, sharded)
+        parameters; every part of every parameter must be covered.
+
+        NOTE: a sharded layer's `weight_loader` narrows the full tensor to this rank's slice before any
+        copy or dtype conversion, so a rank touches only its share of a memory-mapped checkpoint.
+        """
         params = dict(self.named_parameters())
-        c = self.config
-        shard_sizes = {
-            "qkv_proj.weight": [c.q_size, c.kv_size, c.kv_size],
-            "gate_up_proj.weight": [c.intermediate_size, c.intermediate_size],
-        }
+        modules = dict(self.named_modules())
         expected = set()
         for target in params:
-            sizes = shard_sizes.get(target.split(".", 2)[-1], [None])
-            expected |= {(target, shard) for shard in (range(len(sizes)) if sizes[0] else [None])}
-        loaded: set[tuple[str, int | None]] = set()
+            owner = modules.get(target.rsplit(".", 1)[0]) if "." in target else None
+            expected |= {(target, part) for part in range(getattr(owner, "num_parts", 1))}
+        loaded: set[tuple[str, int]] = set()
         for name, tensor in weights:
-            target, shard = self._target_name(name)
+            target, part = self._target_name(name)
             if target is None or target not in params:
                 continue  # e.g. rotary buffers, or lm_head when tied (the embedding serves)
-            dest = params[target]
-            if shard is not None:
-                sizes = shard_sizes[target.split(".", 2)[-1]]
-                offset = sum(sizes[:shard])
-                dest = dest[offset : offset + sizes[shard]]
-            if dest.shape != tensor.shape:
-                raise ValueError(f"{name}: expected shape {tuple(dest.shape)}, got {tuple(tensor.shape)}")
-            dest.copy_(tensor.to(dest.dtype))
-            loaded.add((target, shard))
+            owner = modules.get(target.rsplit(".", 1)[0]) if "." in target else None
+            try:
+                if hasattr(owner, "weight_loader"):
+                    owner.weight_loader(tensor, part or 0)
+                else:
+                    dest = params[target]
+                    if dest.shape != tensor.shape:
+                        raise ValueError(f"expected shape {tuple(dest.shape)}, got {tuple(tensor.shape)}")
+                    dest.copy_(tensor.to(dest.dtype))
+            except ValueError as error:
+                raise ValueError(f"{name}: {error}") from None
+            loaded.add((target, part or 0))
         missing = expected - loaded
         if missing:
             raise ValueError(f"weights missing from checkpoint: {sorted(missing, key=str)[:8]}")
@@ -179,7 +204,7 @@ class LlamaForCausalLM(nn.Module):
         if name == "model.norm.weight":
             return "norm", None
         if name == "lm_head.weight":
-            return "lm_head", None
+            return "lm_head.weight", None
         if not name.startswith("model.layers."):
             return None, None
         index, suffix = name[len("model.layers."):].split(".", 1)
@@ -195,7 +220,7 @@ class LlamaForCausalLM(nn.Module):
         """Swap the projections and the LM head for CpuLinear (see cpu_linear.py for the measurements)."""
         for layer in self.layers:
             for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
-                setattr(layer, name, CpuLinear(getattr(layer, name).weight))
+                getattr(layer, name).use_cpu_kernel()
         self.cpu_lm_head = CpuLinear(self.lm_head_weight)
         if self.lm_head is not None:
             self.lm_head = None  # NOTE: the CpuLinear copies serve; the row-major originals are freed
@@ -204,8 +229,11 @@ class LlamaForCausalLM(nn.Module):
     def init_dummy_weights(self, seed: int = 0) -> None:
         """Random weights from the config alone (benchmarks), like vLLM's load_format='dummy'.
 
-        NOTE: small normal weights keep activations finite through deep stacks; norms stay at one.
+        NOTE: small normal weights keep activations finite through deep stacks; norms stay at one. Under
+        tensor parallelism each rank draws its own shards (seeded by rank): the same distribution, though
+        not the same model as one process with that seed.
         """
+        seed = seed + 1_000_003 * self.parallel.rank
         generator = torch.Generator(device=self.embed_tokens.weight.device).manual_seed(seed)
         for name, param in self.named_parameters():
             if param.dim() == 1:

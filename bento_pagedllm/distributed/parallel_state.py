@@ -1,0 +1,108 @@
+"""Who this process is in a tensor-parallel group, and the few collectives the model needs.
+
+`ParallelConfig` is a small frozen handle passed explicitly to every layer that shards or communicates
+(no module-level state is read). At `size == 1` every collective returns its input untouched, so one code
+path serves one process and many.
+
+NOTE: torch.distributed keeps one default process group per process: an engine with
+`tensor_parallel_size > 1` creates it (`init_group`) and destroys it at shutdown (`destroy_group`), so a
+process holds at most one such engine at a time.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+# NOTE: long enough for a big checkpoint's load on a slow rank (the first collective waits for it)
+_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """This rank's place in the tensor-parallel group. Rank 0 schedules and samples; the others
+    ("workers") run the same forward on their shard of the heads and of the vocabulary."""
+
+    size: int = 1
+    rank: int = 0
+    group: "dist.ProcessGroup | None" = None  # None at size 1
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ValueError(f"bad tensor-parallel rank {self.rank} of {self.size}")
+        if self.size > 1 and self.group is None:
+            raise ValueError("tensor parallelism needs a process group")
+
+    @property
+    def is_driver(self) -> bool:
+        return self.rank == 0
+
+    def shard(self, total: int, what: str = "size") -> int:
+        """This rank's part of an evenly split dimension (validated by EngineArgs before any process starts)."""
+        if total % self.size:
+            raise ValueError(f"{what} {total} is not divisible by tensor_parallel_size {self.size}")
+        return total // self.size
+
+    # ---- collectives (no-ops at size 1) ---------------------------------------------------------
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum over ranks, in place (row-parallel outputs, the vocabulary-parallel embedding)."""
+        if self.size > 1:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_reduce_min(self, value: int) -> int:
+        """The smallest of every rank's value (the KV block count every rank can hold)."""
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.int64, device=self.collective_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
+    def gather_last_dim(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Rank 0 gets every rank's `x` concatenated along the last dimension; the others get None.
+
+        x: [rows, n / size] on each rank -> [rows, n] on rank 0.
+        """
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.size)] if self.is_driver else None
+        dist.gather(x, parts, dst=0, group=self.group)
+        return torch.cat(parts, dim=-1) if self.is_driver else None
+
+    def broadcast_from_driver(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank gets rank 0's `x` (same shape and dtype allocated on every rank)."""
+        if self.size > 1:
+            dist.broadcast(x, src=0, group=self.group)
+        return x
+
+    @property
+    def collective_device(self) -> torch.device:
+        backend = dist.get_backend(self.group) if self.group is not None else "gloo"
+        return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def driver_store(size: int, host: str = "127.0.0.1") -> "dist.TCPStore":
+    """Rank 0's rendezvous store, on a free port (the workers get `store.port`)."""
+    return dist.TCPStore(host, 0, size, is_master=True, timeout=_TIMEOUT, wait_for_workers=False)
+
+
+def worker_store(size: int, host: str, port: int) -> "dist.TCPStore":
+    return dist.TCPStore(host, port, size, is_master=False, timeout=_TIMEOUT)
+
+
+def init_group(size: int, rank: int, store: "dist.TCPStore", device: torch.device) -> ParallelConfig:
+    """Join the tensor-parallel group: NCCL on CUDA (one device per rank), gloo on the CPU."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=_TIMEOUT)
+    return ParallelConfig(size=size, rank=rank, group=dist.group.WORLD)
+
+
+def destroy_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
