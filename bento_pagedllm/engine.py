@@ -303,9 +303,8 @@ class LLMEngine:
             matched = detok.add_tokens([token.token_id])
             if matched is not None:
                 reason, stop_reason = "stop", matched
-        num_known_outputs = seq.num_known_tokens - seq.num_prompt_tokens
         if reason is None and (
-            (params.max_tokens is not None and num_known_outputs >= params.max_tokens)
+            (params.max_tokens is not None and seq.num_known_output_tokens >= params.max_tokens)
             or seq.num_known_tokens >= self.configs.scheduler.max_model_len
         ):
             reason = "length"

@@ -29,6 +29,6 @@ class FaultInjection:
             raise ValueError("after_tokens must be at least 1")
 
     def __call__(self, seq: Sequence, token: TokenLogprob) -> None:
-        position = len(seq.output_token_ids) + 1  # NOTE: known tokens (the counts include pending ones)
+        position = seq.num_known_output_tokens + 1  # NOTE: known tokens (the counts include pending ones)
         if seq.request.params.seed == self.seed and position >= self.after_tokens:
             raise InjectedFault(f"injected sampling fault at output token {position}")

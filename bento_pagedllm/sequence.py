@@ -81,6 +81,10 @@ class Sequence:
         return self.num_tokens - self.num_prompt_tokens
 
     @property
+    def num_known_output_tokens(self) -> int:
+        return len(self._token_ids) - self.num_prompt_tokens
+
+    @property
     def output_token_ids(self) -> list[int]:
         return self._token_ids[self.num_prompt_tokens:]
 
