@@ -186,6 +186,7 @@ class LLMEngine:
         NOTE: the engine cannot step afterwards.
         """
         if self.workers is not None:
+            self.runner.release_graphs()
             self.workers.shutdown()
 
     # ---- one step ------------------------------------------------------------------------------

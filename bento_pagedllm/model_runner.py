@@ -100,6 +100,16 @@ class ModelRunner:
             )
             self.graphs.capture()
 
+    def release_graphs(self) -> None:
+        """Drop the captured decode graphs (the runner replays no graph afterwards).
+
+        NOTE: NCCL holds resources for the collectives captured in a graph until the graph is destroyed,
+        so a tensor-parallel rank releases its graphs before it leaves the group.
+        """
+        self.graphs = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def execute(self, plan: StepPlan) -> list[TokenLogprob]:
         """Run one step and wait for it: the sampled token of each of the plan's sampling rows, in order."""
         return self.collect(self.launch(plan))

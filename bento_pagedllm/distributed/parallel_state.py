@@ -5,7 +5,7 @@
 path serves one process and many.
 
 NOTE: torch.distributed keeps one default process group per process: an engine with
-`tensor_parallel_size > 1` creates it (`init_group`) and destroys it at shutdown (`destroy_group`), so a
+`tensor_parallel_size > 1` creates it (`init_group`) and leaves it at shutdown (`leave_group`), so a
 process holds at most one such engine at a time.
 """
 
@@ -103,6 +103,13 @@ def init_group(size: int, rank: int, store: "dist.TCPStore", device: torch.devic
     return ParallelConfig(size=size, rank=rank, group=dist.group.WORLD)
 
 
-def destroy_group() -> None:
+def leave_group() -> None:
+    """Leave the group at shutdown, waiting for no other rank.
+
+    NOTE: every step's work is finished by then (rank 0 has read it; a worker has synchronized). NCCL's
+    graceful destroy (`destroy_process_group`) is collective and flushes outstanding work, and it hung
+    on the H200 pair at shutdown; an abort is local to the rank, so one dead or slow rank cannot hang
+    the others' shutdown.
+    """
     if dist.is_initialized():
-        dist.destroy_process_group()
+        dist.distributed_c10d._abort_process_group()

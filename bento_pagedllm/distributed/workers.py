@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from ..config import EngineConfigs
 from ..loader import ModelSource
 from ..scheduler import StepPlan
-from .parallel_state import ParallelConfig, destroy_group, driver_store, init_group, worker_store
+from .parallel_state import ParallelConfig, leave_group, driver_store, init_group, worker_store
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +63,9 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         # NOTE: the ranks share the CPU's cores; oversubscribing them slows every collective's slowest rank
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     parallel = init_group(size, spec.rank, worker_store(size, _HOST, spec.port), configs.device.device)
+    runner = None
     try:
-        model = build_model(configs, spec.source, parallel)
-        runner = ModelRunner(configs, model, parallel)
+        runner = ModelRunner(configs, build_model(configs, spec.source, parallel), parallel)
         while True:
             try:
                 plan: StepPlan | None = pickle.loads(conn.recv_bytes())
@@ -78,7 +78,9 @@ def worker_main(spec: WorkerSpec, conn) -> None:
         logger.exception("tensor-parallel worker %d failed", spec.rank)
         raise
     finally:
-        destroy_group()
+        if runner is not None:
+            runner.release_graphs()
+        leave_group()
         conn.close()
 
 
@@ -135,13 +137,18 @@ class TensorParallelWorkers:
 
 
 def _shutdown(conns, procs) -> None:
-    """Ask each worker to stop, wait for it (terminate it if it hangs), then leave the group."""
+    """Ask each worker to stop, leave the group with them, and wait for them (terminate one that hangs).
+
+    NOTE: rank 0 leaves the group while the workers, which got the stop, leave theirs; leaving waits for
+    no other rank (see `leave_group`), so a dead worker cannot hang it.
+    """
     stop = pickle.dumps(None)
     for conn in conns:
         try:
             conn.send_bytes(stop)
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # already gone
+    leave_group()
     for proc in procs:
         proc.join(_JOIN_SECONDS)
         if proc.is_alive():
@@ -150,4 +157,3 @@ def _shutdown(conns, procs) -> None:
             proc.join(_JOIN_SECONDS)
     for conn in conns:
         conn.close()
-    destroy_group()
