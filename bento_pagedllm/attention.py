@@ -61,7 +61,8 @@ def _gather_context(cache: torch.Tensor, block_tables: torch.Tensor, max_len: in
     num_seqs = block_tables.shape[0]
     block_size, num_kv_heads, head_dim = cache.shape[1:]
     num_blocks = -(-max_len // block_size)
-    gathered = cache[block_tables[:, :num_blocks]]  # [num_seqs, num_blocks, block_size, kv_heads, head_dim]
+    # NOTE: index_select over the flattened table, not advanced indexing: a third of the time on the CPU
+    gathered = cache.index_select(0, block_tables[:, :num_blocks].reshape(-1))  # [seqs * blocks, bs, kv, d]
     return gathered.view(num_seqs, num_blocks * block_size, num_kv_heads, head_dim)[:, :max_len]
 
 

@@ -48,7 +48,7 @@ class _ShardedLinear(nn.Module):
         """
         self.cpu_kernel = CpuLinear(self.weight.detach())
         del self._parameters["weight"]
-        self.register_buffer("weight", self.cpu_kernel.weight_colmajor, persistent=False)
+        self.register_buffer("weight", self.cpu_kernel.gemv_weight, persistent=False)
 
 
 class ColumnParallelLinear(_ShardedLinear):

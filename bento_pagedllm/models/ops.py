@@ -13,7 +13,14 @@ from ..attention import write_kv_cache_ref
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm: normalise in float32, cast back, then scale."""
+    """transformers' LlamaRMSNorm: normalise in float32, cast back, then scale.
+
+    NOTE: in float32 torch's fused `rms_norm` computes the same operations in the same order (bit-identical
+    on 2,000 random inputs of 1 to 5 rows and scales 1e-3 to 1e3) in one call instead of eight: 16 vs 25
+    us on this project's CPU, 61 times a SmolLM2 step. Other dtypes keep transformers' float32 round trip.
+    """
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
@@ -29,6 +36,18 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """sin with its first half negated: rotate_half(x) * sin == x.roll(half, -1) * signed_sin(sin)."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rotate_roll_apply(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """`rotate_half_apply` for one tensor, bit for bit ((-a) * b == a * (-b) exactly), in 4 operations
+    instead of 7 (21 vs 39 us for SmolLM2's q and k on this project's CPU)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
+
+
 class TorchOps:
     def add_rms_norm(self, x, residual, weight, eps):
         """(rms_norm(x + residual), x + residual); with no residual yet, (rms_norm(x), x)."""
@@ -36,12 +55,13 @@ class TorchOps:
         return rms_norm(total, weight, eps), total
 
     def rotary_context(self, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype):
-        """Per-step rotary inputs: the tables looked up once for all layers (cheap on the CPU)."""
-        return cos[positions].to(dtype)[:, None, :], sin[positions].to(dtype)[:, None, :]
+        """Per-step rotary inputs: the tables looked up once for all layers (cheap on the CPU).
+        Returns cos and signed_sin(sin), [num_tokens, 1, head_dim] each."""
+        return cos[positions].to(dtype)[:, None, :], signed_sin(sin[positions].to(dtype))[:, None, :]
 
     def rotary_and_store_kv(self, q, k, v, kv_cache, context, slot_mapping):
         """Rotate q and k, store k and v in their cache slots; returns the rotated q."""
-        q, k = rotate_half_apply(q, k, *context)
+        q, k = rotate_roll_apply(q, *context), rotate_roll_apply(k, *context)
         write_kv_cache_ref(k, v, *kv_cache, slot_mapping)
         return q
 
