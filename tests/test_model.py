@@ -120,5 +120,21 @@ def test_dummy_weights_from_a_config_alone(tmp_path):
     llm = LLM(str(tmp_path), load_format="dummy", num_kv_blocks=16, max_model_len=256)
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 5 and out.outputs[0].text == ""  # no tokenizer: ids only
-    weights = llm.engine.model.layers[0].qkv_proj.weight
+    weights = llm.engine.model.layers[0].qkv_proj.cpu_kernel.weight
     assert 0.015 < weights.std().item() < 0.025  # random, not zeros
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3])
+@pytest.mark.parametrize("num_tokens", [1, 5])
+@pytest.mark.parametrize("packed", [True, False])
+def test_cpu_linear_matches_a_plain_linear(parts, num_tokens, packed):
+    """Every form CpuLinear computes with (column blocks at one token, oneDNN's packed weight or the
+    blocks at several) equals F.linear; 3 parts do not divide 64 outputs, so one block serves."""
+    from bento_pagedllm.models.cpu_linear import CpuLinear
+
+    torch.manual_seed(0)
+    weight, x = torch.randn(64, 48), torch.randn(num_tokens, 48)
+    layer = CpuLinear(weight, packed=packed, parts=parts)
+    assert layer.parts == (1 if parts == 3 else parts)
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
+    assert torch.equal(layer.weight, weight)

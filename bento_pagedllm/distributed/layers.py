@@ -41,14 +41,13 @@ class _ShardedLinear(nn.Module):
 
     @torch.no_grad()
     def use_cpu_kernel(self) -> None:
-        """Swap the row-major weight for CpuLinear's layouts (see cpu_linear.py); `weight` stays readable.
+        """Swap the row-major weight for CpuLinear's layouts (see cpu_linear.py).
 
-        NOTE: the parameter becomes a (non-trainable) buffer aliasing CpuLinear's copy, so the original
-        row-major tensor is freed.
+        NOTE: the parameter is dropped, so the original row-major tensor is freed; `cpu_kernel.weight`
+        rebuilds the matrix for inspection.
         """
         self.cpu_kernel = CpuLinear(self.weight.detach())
         del self._parameters["weight"]
-        self.register_buffer("weight", self.cpu_kernel.gemv_weight, persistent=False)
 
 
 class ColumnParallelLinear(_ShardedLinear):
