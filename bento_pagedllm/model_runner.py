@@ -92,8 +92,9 @@ class ModelRunner:
             from .cuda_graphs import DecodeGraphs
 
             # NOTE: at tp > 1 every rank captures the same ladder in the same order, and the graphs hold
-            # the NCCL all-reduces (capturable since NCCL 2.9.6, pytorch#103503). Not yet run on GPUs:
-            # `enforce_eager=True` is the fallback should capture or replay misbehave.
+            # the NCCL all-reduces (capturable since NCCL 2.9.6, pytorch#103503; checked on 2 H200s by
+            # tests/gpu/test_tensor_parallel_gpu.py). NCCL keeps their resources until the graphs are
+            # destroyed: see `release_graphs`.
             self.graphs = DecodeGraphs(
                 model, self.kv_caches, max_batch=configs.cuda_graph_max_batch,
                 max_model_len=configs.scheduler.max_model_len, block_size=self.block_size, device=self.device,
