@@ -37,6 +37,7 @@ class CpuLinear(nn.Module):
         super().__init__()
         weight = weight.detach()
         self.out_features, self.in_features = weight.shape
+        # NOTE: one block per intra-op thread; measured with 2 threads (this project's machine) only
         parts = parts or torch.get_num_threads()
         if self.out_features % parts:
             parts = 1  # NOTE: one block: a plain column-major matrix-vector product
