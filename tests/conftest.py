@@ -50,12 +50,13 @@ def smollm2_model(smollm2_gguf_path):
 
 @pytest.fixture(scope="session")
 def server(smollm2_model, tmp_path_factory):
-    """One real `bentoml serve service:svc` (default model, CPU, API key `serving.API_KEY`) for the whole session,
-    shared by the API tests and the browser tests; yields its base URL."""
-    from serving import bentoml_serve
+    """One real `bentoml serve service:svc` (default model, CPU, `server_helpers.SESSION_ENV`, API key
+    `server_helpers.API_KEY`) for the whole session, shared by the service tests and the browser tests."""
+    from server_helpers import API_KEY, SESSION_ENV, BentoServer
 
-    with bentoml_serve(tmp_path_factory.mktemp("server") / "serve.log", tmp_path_factory.mktemp("prom")) as base:
-        yield base
+    server = BentoServer.start(tmp_path_factory.mktemp("server"), API_KEY, SESSION_ENV)
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,16 @@ import psutil
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 MODEL = "smollm2-135m-instruct"
+# conftest's session server (the service and browser tests share it)
+API_KEY = "test-key-123"
+MAX_MODEL_LEN = 2048
+SESSION_ENV = {
+    "PAGEDLLM_NUM_KV_BLOCKS": "512", "PAGEDLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+    # NOTE: health and metrics open here (the soak's server keeps them behind the key)
+    "PAGEDLLM_OPEN_HEALTH_AND_METRICS": "true",
+    # NOTE: async scheduling as on CUDA (the CPU default is off), so the service path is tested with it
+    "PAGEDLLM_ASYNC_SCHEDULING": "true",
+}
 
 
 def free_port() -> int:

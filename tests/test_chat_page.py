@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
-from serving import API_KEY, MAX_MODEL_LEN, MODEL, REPO, metric, wait_idle
+from server_helpers import API_KEY, MAX_MODEL_LEN, MODEL, REPO
 
 ARTIFACTS = os.path.join(REPO, "artifacts")
 ANSWER_TIMEOUT_MS = 180_000  # CPU decoding on a shared 2-core machine
@@ -43,13 +43,18 @@ def browser(chromium_path):
 
 
 @pytest.fixture
-def page(browser, server):
+def base(server) -> str:
+    return server.base
+
+
+@pytest.fixture
+def page(browser, base):
     """A fresh tab (no stored key). It must load nothing from anywhere but the server, and raise no script error."""
     context = browser.new_context(viewport={"width": 1280, "height": 860})
     page = context.new_page()
     page.set_default_timeout(30_000)
     elsewhere, script_errors = [], []
-    page.on("request", lambda r: r.url.startswith((server, "data:")) or elsewhere.append(r.url))
+    page.on("request", lambda r: r.url.startswith((base, "data:")) or elsewhere.append(r.url))
     page.on("pageerror", lambda error: script_errors.append(error))
     yield page
     context.close()
@@ -57,9 +62,9 @@ def page(browser, server):
     assert script_errors == []
 
 
-def open_chat(page, server: str) -> None:
+def open_chat(page, base: str) -> None:
     """Load the page, give it the key, wait for the model list."""
-    page.goto(f"{server}/chat")
+    page.goto(f"{base}/chat")
     page.locator("#api-key").fill(API_KEY)
     page.locator("#api-key-form button").click()
     expect(page.locator("#model option")).to_have_text([MODEL])
@@ -98,17 +103,17 @@ def finished_answer(page, index: int):
 STATS = re.compile(r"~?\d+ tokens · [\d.]+ tokens/s · first token \d+ ms")
 
 
-def test_page_loads_without_the_key_and_asks_for_it(page, server):
-    response = httpx.get(f"{server}/chat/")
+def test_page_loads_without_the_key_and_asks_for_it(page, base):
+    response = httpx.get(f"{base}/chat/")
     assert response.status_code == 200 and "text/html" in response.headers["content-type"]
     assert "script-src 'self'" in response.headers["content-security-policy"]
-    assert httpx.get(f"{server}/v1/models").status_code == 401  # the API does need the key
+    assert httpx.get(f"{base}/v1/models").status_code == 401  # the API does need the key
     # BentoML's own page stays where it was (behind the key, like every route but the page and the probes)
-    assert httpx.get(f"{server}/").status_code == 401
-    assert httpx.get(f"{server}/", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+    assert httpx.get(f"{base}/").status_code == 401
+    assert httpx.get(f"{base}/", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
 
-    page.goto(f"{server}/chat")
-    assert page.url == f"{server}/chat/"
+    page.goto(f"{base}/chat")
+    assert page.url == f"{base}/chat/"
     expect(page.locator("#api-key-form")).to_be_visible()
     expect(page.locator("#connection")).to_have_text("API key needed")
     expect(page.locator("#send")).to_be_disabled()
@@ -126,8 +131,8 @@ def test_page_loads_without_the_key_and_asks_for_it(page, server):
     expect(page.locator("#send")).to_be_enabled()
 
 
-def test_streams_answers_token_by_token_and_keeps_the_conversation(page, server):
-    open_chat(page, server)
+def test_streams_answers_token_by_token_and_keeps_the_conversation(page, base):
+    open_chat(page, base)
     page.locator("#system-prompt").fill("You are a concise assistant.")
     set_value(page, "#temperature", "0")
     page.locator("#max-tokens").fill("40")
@@ -149,7 +154,7 @@ def test_streams_answers_token_by_token_and_keeps_the_conversation(page, server)
     assert snapshots[-1] == answer.locator(".content").text_content()
 
     # the whole answer, as the API gives it without streaming, goes back with the next question
-    expected = httpx.post(f"{server}/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+    expected = httpx.post(f"{base}/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
                           json={k: body[k] for k in ("model", "messages", "temperature", "top_p", "max_tokens")},
                           timeout=300).json()["choices"][0]["message"]["content"]
     page.locator("#max-tokens").fill("12")
@@ -170,13 +175,13 @@ def test_streams_answers_token_by_token_and_keeps_the_conversation(page, server)
     expect(page.locator(".message")).to_have_count(0)
 
 
-def test_stop_aborts_the_request_on_the_server(page, server):
-    open_chat(page, server)
+def test_stop_aborts_the_request_on_the_server(page, base, server):
+    open_chat(page, base)
     set_value(page, "#temperature", "0")  # greedy: this prompt's answer is known to run long
     page.locator("#max-tokens").fill("1500")
-    wait_idle(server)
-    aborted = metric(server, "pagedllm_requests_aborted_total")
-    generated = metric(server, "pagedllm_generation_tokens_total")
+    server.wait_idle()
+    aborted = server.metric("pagedllm_requests_aborted_total")
+    generated = server.metric("pagedllm_generation_tokens_total")
     ask(page, "Tell me a very long story.")
     page.wait_for_function(
         "() => (document.querySelector('.message.assistant .content')?.textContent ?? '').length >= 20",
@@ -192,11 +197,11 @@ def test_stop_aborts_the_request_on_the_server(page, server):
     expect(page.locator("#error")).to_be_hidden()  # stopping is not an error
 
     deadline = time.time() + 30
-    while metric(server, "pagedllm_requests_aborted_total") <= aborted:
+    while server.metric("pagedllm_requests_aborted_total") <= aborted:
         assert time.time() < deadline, "the server never aborted the stopped request"
         time.sleep(0.2)
-    wait_idle(server)  # and its KV blocks are free
-    assert metric(server, "pagedllm_generation_tokens_total") - generated < 1500
+    server.wait_idle()  # and its KV blocks are free
+    assert server.metric("pagedllm_generation_tokens_total") - generated < 1500
 
     # the stopped answer stays in the conversation as far as it got
     shown = answer.locator(".content").text_content()
@@ -209,8 +214,8 @@ def test_stop_aborts_the_request_on_the_server(page, server):
     assert earlier["content"].split()[:3] == shown.split()[:3]
 
 
-def test_api_errors_show_as_readable_messages(page, server):
-    open_chat(page, server)
+def test_api_errors_show_as_readable_messages(page, base):
+    open_chat(page, base)
     page.locator("#max-tokens").fill(str(MAX_MODEL_LEN + 1000))
     ask(page, "Hello there")
     expect(page.locator("#error")).to_contain_text(f"This model's maximum context length is {MAX_MODEL_LEN} tokens")
@@ -231,8 +236,8 @@ RENDER = """async (source) => {
 }"""
 
 
-def test_markdown_is_rendered_and_markup_never_injected(page, server):
-    open_chat(page, server)
+def test_markdown_is_rendered_and_markup_never_injected(page, base):
+    open_chat(page, base)
     html = page.evaluate(RENDER, "\n".join([
         "# Title",
         "Some **bold**, *italic*, `a < b` and a [link](https://example.com/x?a=1&b=2).",

@@ -9,21 +9,9 @@ import time
 import httpx
 import openai
 import pytest
-from server_helpers import MODEL, BentoServer
+from server_helpers import API_KEY, MODEL
 
-API_KEY = "test-key-123"
 pytestmark = pytest.mark.timeout(900)
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_model, tmp_path_factory):
-    # NOTE: health and metrics open here (the soak's server keeps them behind the key)
-    server = BentoServer.start(tmp_path_factory.mktemp("server"), API_KEY, {
-        "PAGEDLLM_NUM_KV_BLOCKS": "512", "PAGEDLLM_MAX_MODEL_LEN": "2048", "PAGEDLLM_OPEN_HEALTH_AND_METRICS": "true",
-        # NOTE: async scheduling as on CUDA (the CPU default is off), so the service path is tested with it
-        "PAGEDLLM_ASYNC_SCHEDULING": "true"})
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
