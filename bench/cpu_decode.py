@@ -4,7 +4,9 @@ Single stream: a 128-token prompt, 64 greedy tokens with eos ignored; decode tok
 first token (time to first token is reported apart). Batch: 8 such requests submitted together, aggregate
 generated tokens/s over the whole run (prefill included) for both the engine and transformers' static
 batch `generate`. Memory roofline: weight bytes / measured read bandwidth (a large tensor sum).
-Median of several runs after a warm-up. Writes JSON to stdout and, with --out, to a file.
+Median of several runs after a warm-up. Every run draws fresh random prompts (the same ones for both
+engines, 8 different ones for the batch), so the engine's prefix cache never serves a prompt it has seen.
+Writes JSON to stdout and, with --out, to a file.
 
     python bench/cpu_decode.py [--threads 2] [--runs 3] [--out bench/results/cpu_decode.json]
 """
@@ -34,46 +36,58 @@ def read_bandwidth_gbs() -> float:
     return data.numel() * 4 * 5 / (time.perf_counter() - start) / 1e9
 
 
-def bench_engine(model_dir: str, prompt: list[int], runs: int) -> dict:
+def random_prompt(seed: int) -> list[int]:
+    return torch.randint(100, 40000, (PROMPT_LEN,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def run_prompts(run: int) -> tuple[list[int], list[list[int]]]:
+    """Run `run`'s single-stream prompt and its batch of BATCH different prompts (run -1: the warm-up)."""
+    base = 1000 * (run + 2)
+    return random_prompt(base), [random_prompt(base + 1 + i) for i in range(BATCH)]
+
+
+def bench_engine(model_dir: str, runs: int) -> dict:
     from bento_pagedllm import LLM, SamplingParams
 
     llm = LLM(model_dir, dtype="float32", device="cpu")
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-    llm.generate([prompt], params)  # warm-up
+    llm.generate(run_prompts(-1)[:1], params)  # warm-up
     decode, ttft, batch = [], [], []
-    for _ in range(runs):
+    for run in range(runs):
+        prompt, prompts = run_prompts(run)
         out = llm.generate([prompt], params)[0]
         m = out.metrics
         ttft.append(m.first_token_time - m.arrival_time)
         decode.append((NEW_TOKENS - 1) / (m.finished_time - m.first_token_time))
         start = time.perf_counter()
-        llm.generate([prompt] * BATCH, params)
+        llm.generate(prompts, params)
         batch.append(BATCH * NEW_TOKENS / (time.perf_counter() - start))
     return {"decode_tok_s": statistics.median(decode), "ttft_s": statistics.median(ttft),
             "batch8_tok_s": statistics.median(batch)}
 
 
-def bench_transformers(model_dir: str, prompt: list[int], runs: int) -> dict:
+def bench_transformers(model_dir: str, runs: int) -> dict:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
-    def generate(batch: int, new_tokens: int) -> float:
-        ids = torch.tensor([prompt] * batch)
+    def generate(prompts: list[list[int]], new_tokens: int) -> float:
+        ids = torch.tensor(prompts)  # NOTE: every prompt has PROMPT_LEN tokens: no padding
         start = time.perf_counter()
         with torch.inference_mode():
             model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                            min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
         return time.perf_counter() - start
 
-    generate(1, 4)
+    generate(run_prompts(-1)[:1], 4)
     decode, ttft, batch = [], [], []
-    for _ in range(runs):
-        first = generate(1, 1)
-        full = generate(1, NEW_TOKENS)
+    for run in range(runs):
+        prompt, prompts = run_prompts(run)
+        first = generate([prompt], 1)
+        full = generate([prompt], NEW_TOKENS)
         ttft.append(first)
         decode.append((NEW_TOKENS - 1) / (full - first))
-        batch.append(BATCH * NEW_TOKENS / generate(BATCH, NEW_TOKENS))
+        batch.append(BATCH * NEW_TOKENS / generate(prompts, NEW_TOKENS))
     return {"decode_tok_s": statistics.median(decode), "ttft_s": statistics.median(ttft),
             "batch8_tok_s": statistics.median(batch)}
 
@@ -92,15 +106,14 @@ def main() -> None:
         from bento_pagedllm.loader.gguf import convert_gguf_to_hf
 
         model_dir = convert_gguf_to_hf(default_model_path(), os.path.join(tempfile.mkdtemp(), "smollm2"))
-    prompt = torch.randint(100, 40000, (PROMPT_LEN,), generator=torch.Generator().manual_seed(0)).tolist()
     from bento_pagedllm.loader import resolve_model
 
     config = resolve_model(model_dir).config
     weight_bytes = config.num_parameters() * 4
     bandwidth = read_bandwidth_gbs()
     roofline = bandwidth * 1e9 / weight_bytes
-    ours = bench_engine(model_dir, prompt, args.runs)
-    peer = bench_transformers(model_dir, prompt, args.runs)
+    ours = bench_engine(model_dir, args.runs)
+    peer = bench_transformers(model_dir, args.runs)
     result = {
         "date": datetime.date.today().isoformat(),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
