@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU figures of BENCHMARKS.md, as run on the lent H200 from the source tree (no bentoml there:
-# wheels travel in .whl/ and .whl-bento/). Usage: bash bench/h200_session.sh PART OUTDIR
+# wheels travel in .whl/ and .whl-bento/, made by `make gpu-wheels`). Usage: bash bench/h200_session.sh PART OUTDIR
 # (PART tp2 / tp4: tensor parallelism, on the 2- and 4-GPU kinds)
 set -uo pipefail
 part=$1; out=$2; mkdir -p "$out"
