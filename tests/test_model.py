@@ -138,3 +138,23 @@ def test_cpu_linear_matches_a_plain_linear(parts, num_tokens, packed):
     assert layer.parts == (1 if parts == 3 else parts)
     torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, weight), atol=1e-5, rtol=1e-5)
     assert torch.equal(layer.weight, weight)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_by_roll_equals_transformers_rotate_half_bit_for_bit(dtype):
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from bento_pagedllm.models.ops import TorchOps, rotate_roll_apply
+
+    torch.manual_seed(0)
+    q, k = torch.randn(5, 9, 64, dtype=dtype), torch.randn(5, 3, 64, dtype=dtype)
+    positions = torch.tensor([0, 3, 17, 100, 511])
+    angles = positions[:, None].float() * torch.rand(32)[None, :]
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()  # [5, 64]
+    ops = TorchOps()
+    cos_t, sin_signed = ops.rotary_context(torch.arange(5), cos, sin, dtype)
+    # transformers: [batch, heads, tokens, head_dim] with cos/sin [batch, tokens, head_dim]
+    ref_q, ref_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                        cos.to(dtype)[None], sin.to(dtype)[None])
+    assert torch.equal(rotate_roll_apply(q, cos_t, sin_signed), ref_q[0].transpose(0, 1))
+    assert torch.equal(rotate_roll_apply(k, cos_t, sin_signed), ref_k[0].transpose(0, 1))

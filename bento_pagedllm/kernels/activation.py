@@ -39,5 +39,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
-    gate, up = x.chunk(2, dim=-1)  # [num_tokens, intermediate] each
-    return torch.nn.functional.silu(gate) * up
+    """The model's own torch function (TorchOps)."""
+    from bento_pagedllm.models.ops import TorchOps  # NOTE: lazy, the model may import us
+
+    return TorchOps().silu_and_mul(x)

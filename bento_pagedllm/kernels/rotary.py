@@ -105,14 +105,10 @@ def rotary_and_store_kv(
 
 
 def rotary_and_store_kv_ref(q, k, v, k_cache, v_cache, slot_mapping, positions, cos, sin):
-    """The model's own torch path: tables looked up and rounded to the dtype, rotate-half, then the
-    cache write (attention.py's)."""
-    # NOTE: lazy imports, see rms_norm_ref
-    from bento_pagedllm.attention import write_kv_cache_ref
-    from bento_pagedllm.models.ops import rotate_half_apply
+    """The model's own torch path (TorchOps): tables looked up and rounded to the dtype, the rotation,
+    then the cache write, so parity means parity with the model."""
+    from bento_pagedllm.models.ops import TorchOps  # NOTE: lazy, see rms_norm_ref
 
-    cos = cos[positions].to(q.dtype)[:, None, :]  # [num_tokens, 1, head_dim]
-    sin = sin[positions].to(q.dtype)[:, None, :]
-    q, k = rotate_half_apply(q, k, cos, sin)
-    write_kv_cache_ref(k, v, k_cache, v_cache, slot_mapping)
-    return q
+    ops = TorchOps()
+    context = ops.rotary_context(positions, cos, sin, q.dtype)
+    return ops.rotary_and_store_kv(q, k, v, (k_cache, v_cache), context, slot_mapping)
