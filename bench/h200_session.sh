@@ -7,8 +7,9 @@ part=$1; out=$2; mkdir -p "$out"
 PY=${PY:-python3}
 if [ -z "${NO_WHEELS:-}" ]; then  # on the GPU machine: the missing packages travel as wheels
   wheels=".whl/*.whl"; [ "$part" = online ] && wheels="$wheels .whl-bento/*.whl"
+  [ -n "${PYSPY:-}" ] && wheels="$wheels .whl-debug/*.whl"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels
-  export PYTHONPATH=/tmp/site:$PWD
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 fi
 R=bench/data/requests.jsonl
 BIG="--max-num-seqs 512 --max-num-batched-tokens 8192 --max-graph-batch 512"
@@ -36,8 +37,9 @@ case $part in
     ;;
   tp2)
     # issue 7 on nvidia-h200-x2: Llama-3-8B shape, the 500-request workload on 1 GPU, then on 2 (target 1.7x)
-    for tp in 1 2; do
-      run serve_offline_llama3-8b_tp$tp 180 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $BIG --tensor-parallel-size $tp --out "$out/serve_offline_llama3-8b_tp$tp.json"; done
+    # (tp2, then tp2 with NCCL alone: the peer-memory all-reduce's share, then 1 GPU)
+    for tp in 2 2nccl 1; do flag=$([ $tp = 2nccl ] && echo --nccl-only)
+      run serve_offline_llama3-8b_tp$tp 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $BIG --tensor-parallel-size ${tp:0:1} $flag --out "$out/serve_offline_llama3-8b_tp$tp.json"; done
     ;;
   tp4)
     # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)
@@ -55,9 +57,14 @@ case $part in
       $PY -m bentoml serve service:svc --port 3000 > "$out/server.log" 2>&1 &
     server=$!
     for _ in $(seq 240); do curl -sf localhost:3000/readyz > /dev/null && break; sleep 1; done
-    for rates in "requests" "requests_rate10" "requests_rate20" "requests_rate40"; do
+    for rates in ${RATES:-requests requests_rate10 requests_rate20 requests_rate40}; do
+      # PYSPY=1: sample the server's processes (engine thread and event loop apart) during the first 20 s
+      [ -n "${PYSPY:-}" ] && py-spy record --subprocesses --threads --nonblocking -r 50 -d 20 --format raw \
+        -o "$out/pyspy_${rates}.txt" --pid $server > "$out/pyspy_${rates}.log" 2>&1 &
       run online_${rates}_$shape 150 $PY bench/serve.py --mode online --model "$shape" --requests bench/data/$rates.jsonl $limit --out "$out/online_${rates}_$shape.json"
+      ps -eo pid,ppid,pcpu,cputime,rss,args --sort=-cputime | grep -E "python|bentoml" | grep -v grep | head -8 > "$out/ps_${rates}.log"
     done
+    wait
     kill $server; wait $server
     ;;
 esac

@@ -111,6 +111,20 @@ class TorchAttentionBackend:
     prompt never pads the decodes up to its length.
     """
 
+    def decode(
+        self,
+        q: torch.Tensor,  # [num_decodes, num_heads, head_dim]: one new token per sequence
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        block_tables: torch.Tensor,  # [num_decodes, max_blocks]
+        seq_lens: torch.Tensor,  # [num_decodes] int32
+        seq_lens_host: list[int],
+        scale: float,
+    ) -> torch.Tensor:  # [num_decodes, num_heads, head_dim]
+        k_cache, v_cache = kv_cache
+        return paged_attention_ref(
+            q[:, None], k_cache, v_cache, block_tables, seq_lens_host, [1] * len(seq_lens_host), scale
+        )[:, 0]
+
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -121,17 +135,14 @@ class TorchAttentionBackend:
         k_cache, v_cache = kv_cache
         num_decodes = len(meta.decode_indices_host)
         if num_decodes == meta.num_seqs:  # the steady state: every sequence decodes one token
-            return paged_attention_ref(
-                q[:, None], k_cache, v_cache, meta.block_tables, list(meta.seq_lens_host), [1] * num_decodes, scale
-            )[:, 0]
+            return self.decode(q, kv_cache, meta.block_tables, meta.seq_lens, list(meta.seq_lens_host), scale)
         out = torch.empty_like(q)
         if num_decodes:
-            tokens = meta.decode_token_indices
+            tokens, seqs = meta.decode_token_indices, meta.decode_indices
             decode_seq_lens = [meta.seq_lens_host[i] for i in meta.decode_indices_host]
-            out[tokens] = paged_attention_ref(
-                q[tokens][:, None], k_cache, v_cache, meta.block_tables[meta.decode_indices],
-                decode_seq_lens, [1] * num_decodes, scale,
-            )[:, 0]
+            out[tokens] = self.decode(
+                q[tokens], kv_cache, meta.block_tables[seqs], meta.seq_lens[seqs], decode_seq_lens, scale
+            )
         start = 0
         for i, (query_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):
             if query_len > 1:
@@ -141,3 +152,12 @@ class TorchAttentionBackend:
                 )[0]
             start += query_len
         return out
+
+
+class NativeCpuAttentionBackend(TorchAttentionBackend):
+    """The CPU path with one native call for all the decodes of a step (kernels/cpu_ops.cpp): read
+    straight through the block tables, no gathered copy of the contexts, float32. Prefill chunks keep
+    SDPA, which is fast for many queries. NOTE: construct only after `cpu_ops.load()` returned True."""
+
+    def decode(self, q, kv_cache, block_tables, seq_lens, seq_lens_host, scale):
+        return torch.ops.pagedllm_cpu.decode_attention(q, *kv_cache, block_tables, seq_lens, scale)

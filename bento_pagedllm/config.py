@@ -208,6 +208,8 @@ class EngineConfigs:
     cuda_graph_max_batch: int = 0  # decode graphs for batches up to this size; 0: none (CPU, eager)
     async_scheduling: bool = False  # plan and launch step N+1 before reading step N's tokens
     tensor_parallel_size: int = 1  # processes (one device each) the heads and vocabulary are split over
+    native_cpu_ops: bool = True  # CPU, float32: fused native operators (kernels/cpu_ops.cpp), not torch's
+    peer_all_reduce: bool = True  # CUDA tensor parallelism: small all-reduces through NVLink peer memory
 
 
 @dataclass
@@ -240,6 +242,12 @@ class EngineArgs:
     # Split the attention heads, KV heads, MLP and vocabulary over this many processes (one GPU each on
     # CUDA; gloo processes on the CPU). Rank 0 (this process) schedules and samples.
     tensor_parallel_size: int = 1
+    # On the CPU in float32: the norms, rotary embedding, SiLU and decode attention as fused native
+    # operators, compiled on first use (kernels/cpu_ops.cpp). False keeps the pure-torch reference ones.
+    native_cpu_ops: bool = True
+    # Tensor parallelism on CUDA: all-reduce the small messages of decode steps through peer memory
+    # (distributed/parallel_state.py::PeerAllReduce) instead of NCCL. False: NCCL for everything.
+    peer_all_reduce: bool = True
     hf_config_overrides: dict[str, Any] = field(default_factory=dict)
 
     def resolve_device(self) -> torch.device:
@@ -284,6 +292,8 @@ class EngineArgs:
             if device.type == "cuda" and not self.enforce_eager else 0,
             async_scheduling=device.type == "cuda" if self.async_scheduling is None else self.async_scheduling,
             tensor_parallel_size=self.tensor_parallel_size,
+            native_cpu_ops=self.native_cpu_ops,
+            peer_all_reduce=self.peer_all_reduce,
         )
 
     def validate_tensor_parallel(self, model_config: ModelConfig, device: torch.device) -> None:

@@ -63,7 +63,7 @@ def build_model(configs: EngineConfigs, source: ModelSource | None,
     else:
         model.load_weights(iter_weights(source))
     if device.type == "cpu":
-        model.prepare_for_cpu()
+        model.prepare_for_cpu(native_ops=configs.native_cpu_ops)
     model.eval()
     logger.info("model ready in %.1f s", time.perf_counter() - start)
     return model

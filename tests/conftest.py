@@ -15,13 +15,22 @@ import torch
 
 # NOTE: before anything imports bentoml: an isolated model store for the whole session (and the servers it
 # starts), and a Prometheus directory so in-process /metrics works in BentoML's multiprocess mode.
-os.environ["BENTOML_HOME"] = tempfile.mkdtemp(prefix="pagedllm-bentoml-")
-os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="pagedllm-prom-"))
+_SESSION_DIRS = [tempfile.mkdtemp(prefix="pagedllm-bentoml-")]
+os.environ["BENTOML_HOME"] = _SESSION_DIRS[0]
+if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+    _SESSION_DIRS.append(tempfile.mkdtemp(prefix="pagedllm-prom-"))
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _SESSION_DIRS[1]
 os.environ["BENTOML_DO_NOT_TRACK"] = "True"
 if not torch.cuda.is_available():
     # NOTE: before any test module imports the kernels: Triton reads it when the kernels are decorated,
     # and without CUDA they can only run in its interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_unconfigure(config):
+    """The session's model store holds a copy of the default model (~0.5 GB): never leave it behind."""
+    for path in _SESSION_DIRS:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

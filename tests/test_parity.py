@@ -86,10 +86,12 @@ def test_smollm2_greedy_matches_transformers(smollm2_hf_dir):
     assert "Paris" in outputs[1].text
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
-def test_tiny_llama3_gqa_greedy_matches_transformers(tiny_llama3_dir, async_scheduling):
+@pytest.mark.parametrize("async_scheduling,native_cpu_ops", [(False, True), (True, True), (False, False)],
+                         ids=["sync", "async-scheduling", "torch-ops"])
+def test_tiny_llama3_gqa_greedy_matches_transformers(tiny_llama3_dir, async_scheduling, native_cpu_ops):
+    """The native CPU operators (the default) and the pure-torch reference operators both match."""
     torch.manual_seed(0)
     lengths = [1, 3, 17, 40, 95, 160, 250, 420]
     ids = [torch.randint(3, 49152, (n,)).tolist() for n in lengths]
     check_parity(tiny_llama3_dir, ids, 24, num_kv_blocks=48, max_model_len=768, max_num_batched_tokens=64,
-                 async_scheduling=async_scheduling)
+                 async_scheduling=async_scheduling, native_cpu_ops=native_cpu_ops)

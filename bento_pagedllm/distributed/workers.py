@@ -62,7 +62,8 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     if configs.device.device.type == "cpu":
         # NOTE: the ranks share the CPU's cores; oversubscribing them slows every collective's slowest rank
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
-    parallel = init_group(size, spec.rank, worker_store(size, _HOST, spec.port), configs.device.device)
+    parallel = init_group(size, spec.rank, worker_store(size, _HOST, spec.port), configs.device.device,
+                          configs.device.dtype, configs.peer_all_reduce)
     runner = None
     try:
         runner = ModelRunner(configs, build_model(configs, spec.source, parallel), parallel)
@@ -109,7 +110,8 @@ class TensorParallelWorkers:
             self._procs.append(proc)
         self._finalizer = weakref.finalize(self, _shutdown, self._conns, self._procs)
         try:
-            self.parallel: ParallelConfig = init_group(size, 0, store, rank_device(configs.device.device, 0))
+            self.parallel: ParallelConfig = init_group(size, 0, store, rank_device(configs.device.device, 0),
+                                                       configs.device.dtype, configs.peer_all_reduce)
         except BaseException:
             self.shutdown()
             raise

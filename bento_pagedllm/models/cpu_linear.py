@@ -45,7 +45,8 @@ class CpuLinear(nn.Module):
         # [parts, in, out / parts]
         self.register_buffer("gemv_blocks", column_blocks(weight, parts), persistent=False)
         self.packed = None
-        if packed and _MKLDNN:
+        # NOTE: float32 only: oneDNN's bf16 reorder needs AVX512-BF16 or AVX-NE-CONVERT, and refuses otherwise
+        if packed and _MKLDNN and weight.dtype == torch.float32:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), 8)
 
     @property

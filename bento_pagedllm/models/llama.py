@@ -30,7 +30,9 @@ from ..distributed.layers import (
 )
 from ..distributed.parallel_state import ParallelConfig
 from .cpu_linear import CpuLinear
-from .ops import TorchOps, TritonOps, attention_backend_for, ops_for
+from ..attention import NativeCpuAttentionBackend
+from ..kernels import cpu_ops
+from .ops import NativeCpuOps, TorchOps, TritonOps, attention_backend_for, ops_for
 
 
 def rotary_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -123,7 +125,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.parallel = parallel = parallel or ParallelConfig()
         device = device or torch.device("cpu")
-        self.ops: TorchOps | TritonOps = ops_for(device)
+        self.ops: TorchOps | TritonOps = ops_for(device)  # NOTE: prepare_for_cpu may swap in NativeCpuOps
         self.backend = attention_backend_for(device)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, parallel) for _ in range(config.num_hidden_layers))
@@ -216,8 +218,12 @@ class LlamaForCausalLM(nn.Module):
         return None, None
 
     @torch.no_grad()
-    def prepare_for_cpu(self) -> None:
-        """Swap the projections and the LM head for CpuLinear (see cpu_linear.py for the measurements)."""
+    def prepare_for_cpu(self, native_ops: bool = True) -> None:
+        """Swap the projections and the LM head for CpuLinear (see cpu_linear.py for the measurements),
+        and, in float32 with `native_ops`, the small operators and decode attention for the fused native
+        ones (kernels/cpu_ops.cpp; built on first use, skipped with a warning where that fails)."""
+        if native_ops and self.norm.dtype == torch.float32 and cpu_ops.load():
+            self.ops, self.backend = NativeCpuOps(), NativeCpuAttentionBackend()
         for layer in self.layers:
             for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
                 getattr(layer, name).use_cpu_kernel()

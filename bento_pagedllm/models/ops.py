@@ -61,6 +61,25 @@ class TorchOps:
         return F.silu(gate) * up
 
 
+class NativeCpuOps(TorchOps):
+    """The CPU's fused native operators (kernels/cpu_ops.cpp), float32 only: one call each instead of the
+    4 to 8 eager operators of `TorchOps`, its reference. NOTE: construct only after `cpu_ops.load()`
+    returned True."""
+
+    def add_rms_norm(self, x, residual, weight, eps):
+        return torch.ops.pagedllm_cpu.add_rms_norm(x, residual, weight, eps)
+
+    def rotary_context(self, positions, cos, sin, dtype):
+        """cos and signed_sin(sin) of each token, [num_tokens, head_dim] each."""
+        return cos[positions], signed_sin(sin[positions])
+
+    def rotary_and_store_kv(self, q, k, v, kv_cache, context, slot_mapping):
+        return torch.ops.pagedllm_cpu.rotary_and_store_kv(q, k, v, *kv_cache, slot_mapping, *context)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.pagedllm_cpu.silu_and_mul(x)
+
+
 class TritonOps:
     """NOTE: imports Triton on first construction only, so the CPU path never needs it."""
 

@@ -387,6 +387,13 @@ class _JobStreams:
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """The outputs of all streams as they come (run concurrently), as (prompt index, output)."""
+        if len(self.streams) == 1:  # NOTE: the common case: no pump task and queue, one hop less per step
+            try:
+                async for out in self.streams[0]:
+                    yield 0, out
+            finally:
+                self.close()
+            return
         queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
         async def pump(i: int, stream: RequestStream) -> None:
@@ -486,8 +493,12 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 # ---- Server-Sent Events ------------------------------------------------------------------------------
 
 
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
 def _sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {_json(payload)}\n\n"
 
 
 async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_usage: bool,
@@ -496,18 +507,17 @@ async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_u
     chunk with its finish_reason; then the usage chunk if asked for, then [DONE]. A failure (the engine's, a
     timeout, a shutdown) ends the stream with an error event instead of [DONE]."""
 
+    # NOTE: every chunk shares its envelope, so it is serialised once and each chunk encodes only its choice
+    # (the bytes are those of json.dumps of the whole payload, keys in OpenAI's order)
+    envelope = _sse({"id": job.id, "object": fmt.chunk_object, "created": job.created, "model": job.model,
+                     "system_fingerprint": None, "choices": []})
+    head = envelope[: envelope.rindex("[]") + 1]  # 'data: {..."choices":['
+    tail = "],\"usage\":null}\n\n" if include_usage else "]}\n\n"
+
     def chunk(choice: dict[str, Any] | None, usage: dict[str, int] | None = None) -> str:
-        payload = {
-            "id": job.id,
-            "object": fmt.chunk_object,
-            "created": job.created,
-            "model": job.model,
-            "system_fingerprint": None,
-            "choices": [choice] if choice is not None else [],
-        }
-        if include_usage:
-            payload["usage"] = usage
-        return _sse(payload)
+        if usage is not None:
+            return head + '],"usage":' + _json(usage) + "}\n\n"
+        return head + ("" if choice is None else _json(choice)) + tail
 
     try:
         opening = [fmt.opening(p * job.n + c, prompt) for p, prompt in enumerate(job.prompts) for c in range(job.n)]

@@ -27,8 +27,12 @@ def test_tp2_on_two_gpus_matches_one_gpu(tiny_dir):
     assert llm.engine.runner.graphs is not None and llm.engine.configs.async_scheduling
     llm.engine.shutdown()
     del llm
-    llm, result, stats = run(tiny_dir, device="cuda", dtype="float32", tensor_parallel_size=2)
-    assert stats["preemptions"] > 0 and stats["prefix_hits"] > 0
-    assert llm.engine.runner.kv_cache.shape[-2] == 2  # rank 0 holds 2 of the 4 KV heads
-    assert_same(result, reference, logprob_tolerance=1e-4)
-    llm.engine.shutdown()
+    for peer_all_reduce in (True, False):  # NVLink peer memory for small messages, or NCCL for all
+        llm, result, stats = run(tiny_dir, device="cuda", dtype="float32", tensor_parallel_size=2,
+                                 peer_all_reduce=peer_all_reduce)
+        assert (llm.engine.workers.parallel.peer_all_reduce is not None) is peer_all_reduce
+        assert stats["preemptions"] > 0 and stats["prefix_hits"] > 0
+        assert llm.engine.runner.kv_cache.shape[-2] == 2  # rank 0 holds 2 of the 4 KV heads
+        assert_same(result, reference, logprob_tolerance=1e-4)
+        llm.engine.shutdown()
+        del llm
