@@ -13,6 +13,7 @@ import torch
 from bento_pagedllm.attention import AttentionMetadata, NativeCpuAttentionBackend, TorchAttentionBackend
 from bento_pagedllm.kernels import cpu_ops
 from bento_pagedllm.models.ops import NativeCpuOps, TorchOps
+from bento_pagedllm.sampling_params import SamplingParams
 
 if not cpu_ops.load():  # pragma: no cover - the machines this project tests on have a compiler
     pytest.skip("the native CPU operators could not be built (no C++ compiler?)", allow_module_level=True)
@@ -130,3 +131,18 @@ def test_the_engine_uses_the_native_operators_in_float32_unless_told_not_to(tiny
     while engine.has_unfinished_requests():
         finished += [out for out in engine.step() if out.finished]
     assert len(finished[0].outputs[0].token_ids) == 3
+
+
+def test_one_token_layers_give_the_same_bits_as_the_layer_by_layer_path(tiny_llama3_dir):
+    """The native whole-layer call chains the same kernels in the same order as LlamaDecoderLayer.forward."""
+    from bento_pagedllm import LLM
+
+    llm = LLM(tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=16, max_model_len=128,
+              enable_prefix_caching=False)
+    assert llm.engine.model.one_token_layers
+    prompt, params = [[7, 8, 9, 10, 11]], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=2)
+    fused = llm.generate(prompt, params)[0].outputs[0]
+    llm.engine.model.one_token_layers = False
+    layered = llm.generate(prompt, params)[0].outputs[0]
+    assert fused.token_ids == layered.token_ids
+    assert [lp.logprob for lp in fused.logprobs] == [lp.logprob for lp in layered.logprobs]

@@ -1,15 +1,17 @@
 // The small operators of a Llama layer for the CPU, each fused into one native loop (float32).
 //
 // Why: on the CPU a one-token decode step of SmolLM2 ran ~1,800 eager torch operators, and their
-// dispatch (2 to 5 us each) cost about a third of the step. These five functions replace the norms, the
-// rotary embedding with its KV-cache store, SiLU-and-multiply and one-token paged attention: each is one
-// call. The pure-torch references are `TorchOps` and `TorchAttentionBackend` (models/ops.py,
-// attention.py); tests/test_cpu_ops.py compares every function with its reference on random data.
+// dispatch (2 to 5 us each) cost about a third of the step. Four functions replace the norms, the rotary
+// embedding with its KV-cache store, SiLU-and-multiply and one-token paged attention, one call each; a
+// fifth, `one_token_layer`, chains them with the projections into a whole decoder layer for a single
+// token (single-stream decode), so no Python runs between a layer's operators. The pure-torch references
+// are `TorchOps` and `TorchAttentionBackend` (models/ops.py, attention.py); tests/test_cpu_ops.py
+// compares every function with its reference on random data.
 //
-// NOTE: built with -ffp-contract=off (and -fno-math-errno -fno-trapping-math, which change no result but let
-// the compiler vectorise loops with branches and floor), so `a * b + c * d` rounds each product as torch does; the rotary
-// embedding and the KV store are then bit-identical to the reference. The norm's and attention's sums
-// run in another order than torch's (a few ulps apart).
+// NOTE: built with -ffp-contract=off (and -fno-math-errno -fno-trapping-math, which change no result but
+// let the compiler vectorise loops with branches and floor), so `a * b + c * d` rounds each product as
+// torch does: the rotary embedding and the KV store are bit-identical to the reference. The norm's and
+// attention's sums run in another order than torch's (a few ulps apart).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -220,6 +222,37 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache, c
   return out;
 }
 
+// x [1, in] @ W^T for W stored as one column block per thread ([parts, in, out / parts], see
+// models/cpu_linear.py): one batched product, each block streamed by its own core.
+at::Tensor one_token_linear(const at::Tensor& x, const at::Tensor& blocks) {
+  const int64_t parts = blocks.size(0), in = blocks.size(1);
+  return at::bmm(x.expand({parts, 1, in}), blocks).view({1, parts * blocks.size(2)});
+}
+
+// A whole decoder layer for one token of one sequence, the model's LlamaDecoderLayer.forward operator for
+// operator (the same kernels in the same order, so the same bits), without the ~150 us of Python and
+// dispatch a layer otherwise costs between its operators. weights: input norm [hidden], q/k/v column
+// blocks, o blocks, post-attention norm [hidden], gate/up blocks, down blocks. Returns (hidden, residual).
+std::tuple<at::Tensor, at::Tensor> one_token_layer(
+    const at::Tensor& hidden, const std::optional<at::Tensor>& residual, at::TensorList weights, double eps,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_dim, at::Tensor k_cache, at::Tensor v_cache,
+    const at::Tensor& slot_mapping, const at::Tensor& cos, const at::Tensor& sin_signed,
+    const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(hidden.size(0) == 1 && weights.size() == 6, "one token and six weights");
+  const int64_t q_size = num_heads * head_dim, kv_size = num_kv_heads * head_dim;
+  auto [normed, total] = add_rms_norm(hidden, residual, weights[0], eps);
+  auto qkv = one_token_linear(normed, weights[1]);  // [1, q_size + 2 * kv_size]
+  auto q = qkv.narrow(1, 0, q_size).view({1, num_heads, head_dim});
+  auto k = qkv.narrow(1, q_size, kv_size).view({1, num_kv_heads, head_dim});
+  auto v = qkv.narrow(1, q_size + kv_size, kv_size).view({1, num_kv_heads, head_dim});
+  q = rotary_and_store_kv(q, k, v, k_cache, v_cache, slot_mapping, cos, sin_signed);
+  auto attn = decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale);  // [1, heads, head_dim]
+  auto out = one_token_linear(attn.view({1, q_size}), weights[2]);
+  auto [normed2, total2] = add_rms_norm(out, total, weights[3], eps);
+  auto mlp = one_token_linear(silu_and_mul(one_token_linear(normed2, weights[4])), weights[5]);
+  return {mlp, total2};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(pagedllm_cpu, m) {
@@ -229,6 +262,9 @@ TORCH_LIBRARY(pagedllm_cpu, m) {
   m.def("silu_and_mul(Tensor x) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor seq_lens, "
         "float scale) -> Tensor");
+  m.def("one_token_layer(Tensor hidden, Tensor? residual, Tensor[] weights, float eps, int num_heads, "
+        "int num_kv_heads, int head_dim, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, Tensor cos, "
+        "Tensor sin_signed, Tensor block_tables, Tensor seq_lens, float scale) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(pagedllm_cpu, CPU, m) {
@@ -236,4 +272,5 @@ TORCH_LIBRARY_IMPL(pagedllm_cpu, CPU, m) {
   m.impl("rotary_and_store_kv", &rotary_and_store_kv);
   m.impl("silu_and_mul", &silu_and_mul);
   m.impl("decode_attention", &decode_attention);
+  m.impl("one_token_layer", &one_token_layer);
 }

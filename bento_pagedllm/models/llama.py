@@ -135,6 +135,8 @@ class LlamaForCausalLM(nn.Module):
         )
         self.rotary = RotaryEmbedding(config, max_positions)
         self.cpu_lm_head: CpuLinear | None = None
+        # NOTE: set by prepare_for_cpu: a single token runs each layer as one native call
+        self.one_token_layers = False
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -151,8 +153,12 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         rotary = self.ops.rotary_context(positions, self.rotary.cos, self.rotary.sin, hidden.dtype)
         residual = None
+        one_token = self.one_token_layers and input_ids.shape[0] == 1  # CPU single-stream decode
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden, residual = layer(hidden, residual, rotary, kv_cache, meta, self.ops, self.backend)
+            if one_token:
+                hidden, residual = self.ops.one_token_layer(layer, hidden, residual, rotary, kv_cache, meta)
+            else:
+                hidden, residual = layer(hidden, residual, rotary, kv_cache, meta, self.ops, self.backend)
         return residual + hidden  # [num_tokens, hidden], before the final norm
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
@@ -221,8 +227,10 @@ class LlamaForCausalLM(nn.Module):
     def prepare_for_cpu(self, native_ops: bool = True) -> None:
         """Swap the projections and the LM head for CpuLinear (see cpu_linear.py for the measurements),
         and, in float32 with `native_ops`, the small operators and decode attention for the fused native
-        ones (kernels/cpu_ops.cpp; built on first use, skipped with a warning where that fails)."""
-        if native_ops and self.norm.dtype == torch.float32 and cpu_ops.load():
+        ones (kernels/cpu_ops.cpp; built on first use, skipped with a warning where that fails), with a
+        single token's layers run as one native call each."""
+        native = native_ops and self.norm.dtype == torch.float32 and cpu_ops.load()
+        if native:
             self.ops, self.backend = NativeCpuOps(), NativeCpuAttentionBackend()
         for layer in self.layers:
             for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
@@ -230,6 +238,14 @@ class LlamaForCausalLM(nn.Module):
         self.cpu_lm_head = CpuLinear(self.lm_head_weight)
         if self.lm_head is not None:
             self.lm_head = None  # NOTE: the CpuLinear copies serve; the row-major originals are freed
+        if native and self.parallel.size == 1:  # NOTE: the native layer has no all-reduce
+            for layer in self.layers:
+                layer.one_token_weights = [layer.input_layernorm] + [
+                    getattr(layer, name).cpu_kernel.gemv_blocks for name in ("qkv_proj", "o_proj")
+                ] + [layer.post_attention_layernorm] + [
+                    getattr(layer, name).cpu_kernel.gemv_blocks for name in ("gate_up_proj", "down_proj")
+                ]
+            self.one_token_layers = True
 
     @torch.no_grad()
     def init_dummy_weights(self, seed: int = 0) -> None:
