@@ -59,12 +59,12 @@ case $part in
     for _ in $(seq 240); do curl -sf localhost:3000/readyz > /dev/null && break; sleep 1; done
     for rates in ${RATES:-requests requests_rate10 requests_rate20 requests_rate40}; do
       # PYSPY=1: sample the server's processes (engine thread and event loop apart) during the first 20 s
-      [ -n "${PYSPY:-}" ] && py-spy record --subprocesses --threads --nonblocking -r 50 -d 20 --format raw \
-        -o "$out/pyspy_${rates}.txt" --pid $server > "$out/pyspy_${rates}.log" 2>&1 &
+      [ -n "${PYSPY:-}" ] && { py-spy record --subprocesses --threads --nonblocking -r 50 -d 20 --format raw \
+        -o "$out/pyspy_${rates}.txt" --pid $server > "$out/pyspy_${rates}.log" 2>&1 & spies="${spies:-} $!"; }
       run online_${rates}_$shape 150 $PY bench/serve.py --mode online --model "$shape" --requests bench/data/$rates.jsonl $limit --out "$out/online_${rates}_$shape.json"
       ps -eo pid,ppid,pcpu,cputime,rss,args --sort=-cputime | grep -E "python|bentoml" | grep -v grep | head -8 > "$out/ps_${rates}.log"
     done
-    wait
+    [ -n "${spies:-}" ] && wait $spies  # NOTE: not a bare wait: the server is a background job too
     kill $server; wait $server
     ;;
 esac

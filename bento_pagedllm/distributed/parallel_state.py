@@ -35,14 +35,16 @@ class PeerAllReduce:
     all-reduce may run inside a CUDA graph capture.
     """
 
-    def __init__(self, group: "dist.ProcessGroup", device: torch.device, dtype: torch.dtype,
-                 max_bytes: int = 8 << 20) -> None:
+    # NOTE: measured on 2 H200s (Llama-3-8B shape, the 500-request workload): with every message up to 8 MB
+    # through this path, throughput fell from 55.5 req/s (NCCL alone) to 40.9; large decode batches and
+    # prefill chunks stay with NCCL. 512 KB is 64 tokens of a 4096-wide bf16 model.
+    MAX_BYTES = 512 << 10
+
+    def __init__(self, group: "dist.ProcessGroup", device: torch.device, dtype: torch.dtype) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed by older torch releases
-            symm_mem.enable_symm_mem_for_group(group.group_name)
         self.group_name = group.group_name
-        self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)
+        self.buffer = symm_mem.empty(self.MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buffer, group.group_name)
 
     def fits(self, x: torch.Tensor) -> bool:

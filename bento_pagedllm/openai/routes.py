@@ -421,6 +421,10 @@ class _JobStreams:
             await asyncio.gather(*tasks, return_exceptions=True)
             self.close()
 
+    def has_ready_output(self) -> bool:
+        """The next output of a single-stream job is already queued (multi-stream jobs say False)."""
+        return len(self.streams) == 1 and self.streams[0].has_ready_output()
+
     async def final_outputs(self) -> list[RequestOutput]:
         final: dict[int, RequestOutput] = {}
         async with aclosing(self.outputs()) as outputs:
@@ -519,6 +523,7 @@ async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_u
             return head + '],"usage":' + _json(usage) + "}\n\n"
         return head + ("" if choice is None else _json(choice)) + tail
 
+    events: list[str] = []  # chunks not yet written
     try:
         opening = [fmt.opening(p * job.n + c, prompt) for p, prompt in enumerate(job.prompts) for c in range(job.n)]
         if any(opening):
@@ -527,7 +532,6 @@ async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_u
         completion_tokens = 0
         async with aclosing(streams.outputs()) as outputs:
             async for p_index, out in outputs:
-                events = []
                 for choice in out.outputs:
                     index = p_index * job.n + choice.index
                     if index in finished:
@@ -539,13 +543,20 @@ async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_u
                         finished.add(index)
                         completion_tokens += len(choice.token_ids)
                         events.append(chunk(fmt.finish(index, _finish_reason(choice))))
-                if events:
+                # NOTE: when the event loop runs behind the engine, the outputs queued behind this one go
+                # out in the same write: one pass through the ASGI stack (BentoML's middlewares, its
+                # tracing, uvicorn) for several steps' tokens, so a busy server catches up instead of
+                # falling further behind. An idle one still sends every step's tokens at once.
+                if events and not streams.has_ready_output():
                     yield "".join(events)
+                    events = []
+        if events:
+            yield "".join(events)
         if include_usage:
             yield chunk(None, _usage(job.prompt_tokens, completion_tokens))
         yield "data: [DONE]\n\n"
     except Exception as error:  # noqa: BLE001 - the status line is sent: report it in the stream
-        yield _sse(report(error).to_dict())
+        yield "".join(events) + _sse(report(error).to_dict())
 
 
 class _SSEResponse(StreamingResponse):
