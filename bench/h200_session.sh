@@ -37,8 +37,8 @@ case $part in
     ;;
   tp2)
     # issue 7 on nvidia-h200-x2: Llama-3-8B shape, the 500-request workload on 1 GPU, then on 2 (target 1.7x)
-    # (tp2, then tp2 with NCCL alone: the peer-memory all-reduce's share, then 1 GPU)
-    for tp in 2 2nccl 1; do flag=$([ $tp = 2nccl ] && echo --nccl-only)
+    # (tp2, then tp2 with the peer-memory all-reduce for small messages, then 1 GPU)
+    for tp in 2 2peer 1; do flag=$([ $tp = 2peer ] && echo --peer-all-reduce)
       run serve_offline_llama3-8b_tp$tp 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $BIG --tensor-parallel-size ${tp:0:1} $flag --out "$out/serve_offline_llama3-8b_tp$tp.json"; done
     ;;
   tp4)

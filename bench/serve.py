@@ -81,7 +81,7 @@ def shape_dir(shape: str) -> str:
 
 def engine_kwargs(args) -> dict:
     kwargs = dict(dtype=args.dtype, device=args.device, enable_prefix_caching=not args.no_prefix_caching,
-                  tensor_parallel_size=args.tensor_parallel_size, peer_all_reduce=not args.nccl_only)
+                  tensor_parallel_size=args.tensor_parallel_size, peer_all_reduce=args.peer_all_reduce)
     if args.sync_scheduling:
         kwargs["async_scheduling"] = False
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_graph_batch"):
@@ -274,7 +274,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="GPUs (ranks) the model is split over (offline and async modes)")
-    parser.add_argument("--nccl-only", action="store_true", help="tensor parallelism: no peer-memory all-reduce")
+    parser.add_argument("--peer-all-reduce", action="store_true", help="tensor parallelism: small all-reduces through peer memory")
     parser.add_argument("--url", default="http://127.0.0.1:3000")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="served model name (online)")
     parser.add_argument("--api-key", default=None)

@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--profile-dir", default=None, help="write a torch.profiler table per model here")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the engine splits the model over")
-    parser.add_argument("--nccl-only", action="store_true", help="tensor parallelism: no peer-memory all-reduce")
+    parser.add_argument("--peer-all-reduce", action="store_true", help="tensor parallelism: small all-reduces through peer memory")
     args = parser.parse_args()
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
@@ -161,7 +161,7 @@ def main() -> None:
     prompt = torch.randint(100, 30000, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     results = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
                "torch": torch.__version__, "copy_bandwidth_tbs": bandwidth / 1e12,
-               "tensor_parallel_size": args.tensor_parallel_size, "peer_all_reduce": not args.nccl_only, "models": {}}
+               "tensor_parallel_size": args.tensor_parallel_size, "peer_all_reduce": args.peer_all_reduce, "models": {}}
     for name in args.models:
         path = config_dir(SHAPES[name])
         from bento_pagedllm.config import ModelConfig
@@ -171,7 +171,7 @@ def main() -> None:
         entry = {"weight_bytes": weight_bytes, "roofline_tok_s": args.tensor_parallel_size * bandwidth / weight_bytes}
         profile_path = os.path.join(args.profile_dir, f"profile_{name}.txt") if args.profile_dir else None
         entry["engine"] = bench_engine(path, prompt, args.runs, profile_path, args.tensor_parallel_size,
-                                       peer_all_reduce=not args.nccl_only)
+                                       peer_all_reduce=args.peer_all_reduce)
         for peer in [p for p in args.peers.split(",") if p in ("eager", "compile")]:
             entry[f"transformers_{peer}"] = bench_transformers(path, prompt, args.runs, compiled=peer == "compile")
         ours = entry["engine"]["decode_tok_s"]

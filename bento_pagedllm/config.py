@@ -209,7 +209,7 @@ class EngineConfigs:
     async_scheduling: bool = False  # plan and launch step N+1 before reading step N's tokens
     tensor_parallel_size: int = 1  # processes (one device each) the heads and vocabulary are split over
     native_cpu_ops: bool = True  # CPU, float32: fused native operators (kernels/cpu_ops.cpp), not torch's
-    peer_all_reduce: bool = True  # CUDA tensor parallelism: small all-reduces through NVLink peer memory
+    peer_all_reduce: bool = False  # CUDA tensor parallelism: small all-reduces through NVLink peer memory
 
 
 @dataclass
@@ -246,8 +246,9 @@ class EngineArgs:
     # operators, compiled on first use (kernels/cpu_ops.cpp). False keeps the pure-torch reference ones.
     native_cpu_ops: bool = True
     # Tensor parallelism on CUDA: all-reduce the small messages of decode steps through peer memory
-    # (distributed/parallel_state.py::PeerAllReduce) instead of NCCL. False: NCCL for everything.
-    peer_all_reduce: bool = True
+    # (distributed/parallel_state.py::PeerAllReduce) instead of NCCL. Off: measured slower than NCCL alone
+    # on 2 H200s (BENCHMARKS.md, tensor parallelism); kept for the latency-bound case it was built for.
+    peer_all_reduce: bool = False
     hf_config_overrides: dict[str, Any] = field(default_factory=dict)
 
     def resolve_device(self) -> torch.device:

@@ -35,9 +35,9 @@ class PeerAllReduce:
     all-reduce may run inside a CUDA graph capture.
     """
 
-    # NOTE: measured on 2 H200s (Llama-3-8B shape, the 500-request workload): with every message up to 8 MB
-    # through this path, throughput fell from 55.5 req/s (NCCL alone) to 40.9; large decode batches and
-    # prefill chunks stay with NCCL. 512 KB is 64 tokens of a 4096-wide bf16 model.
+    # NOTE: measured on 2 H200s (Llama-3-8B shape, the 500-request workload, 2026-11-30): NCCL alone 55.5
+    # req/s; this path for messages up to 8 MB 40.9, up to 512 KB (64 tokens of a 4096-wide bf16 model)
+    # 36.7, on another machine of the kind. Not yet profiled: hence off by default (EngineArgs).
     MAX_BYTES = 512 << 10
 
     def __init__(self, group: "dist.ProcessGroup", device: torch.device, dtype: torch.dtype) -> None:
@@ -136,7 +136,7 @@ def worker_store(size: int, host: str, port: int) -> "dist.TCPStore":
 
 
 def init_group(size: int, rank: int, store: "dist.TCPStore", device: torch.device,
-               dtype: torch.dtype = torch.float32, peer_all_reduce: bool = True) -> ParallelConfig:
+               dtype: torch.dtype = torch.float32, peer_all_reduce: bool = False) -> ParallelConfig:
     """Join the tensor-parallel group: NCCL on CUDA (one device per rank), gloo on the CPU; on CUDA also the
     peer-memory all-reduce for small messages of `dtype` where the GPUs can map each other's memory."""
     backend = "nccl" if device.type == "cuda" else "gloo"
