@@ -2,7 +2,7 @@
 latencies, one line per engine label. Usage:
 
     python bench/plot_serve.py --out bench/results/serve.png ours=bench/results/serve_ours_*.json \
-        transformers=bench/results/serve_hf_*.json
+        vllm=bench/data/peers/vllm-0.26_async_llama2-7b_rate*.json
 
 The request rate of a run is read from its requests file name (`..._rateR.jsonl`; none means all at t=0,
 drawn at the right edge as "inf").
@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 PANELS = [
-    ("output_throughput", None, "output tokens/s"),
+    ("request_throughput", None, "achieved requests/s"),
     ("ttft_s", ("median", "p99"), "time to first token (s)"),
     ("tpot_s", ("median", "p99"), "time per output token (s)"),
     ("itl_s", ("median", "p99"), "inter-token latency (s)"),
@@ -48,11 +48,13 @@ def main() -> None:
         series[label] = sorted(results, key=rate_of)
         finite_max = max([finite_max] + [rate_of(r) for r in results if rate_of(r) != math.inf])
     for ax, (key, quantiles, title) in zip(axes, PANELS):
-        for label, results in series.items():
+        for color, (label, results) in enumerate(series.items()):
+            results = [r for r in results if key in r]  # NOTE: a peer's published figures may lack a metric
             xs = [rate_of(r) if rate_of(r) != math.inf else finite_max * 1.5 for r in results]
             for quantile in quantiles or (None,):
                 ys = [r[key] if quantile is None else r[key][quantile] for r in results]
-                ax.plot(xs, ys, marker="o", label=label if quantile is None else f"{label} {quantile}")
+                ax.plot(xs, ys, marker="o", color=f"C{color}", linestyle="--" if quantile == "p99" else "-",
+                        label=label if quantile is None else f"{label} {quantile}")
         ax.set_title(title)
         ax.set_xlabel("request rate (req/s; rightmost: all at t=0)")
         ax.grid(alpha=0.3)
