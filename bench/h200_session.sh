@@ -64,6 +64,9 @@ case $part in
       run online_${rates}_$shape 150 $PY bench/serve.py --mode online --model "$shape" --requests bench/data/$rates.jsonl $limit --out "$out/online_${rates}_$shape.json"
       ps -eo pid,ppid,pcpu,cputime,rss,args --sort=-cputime | grep -E "python|bentoml" | grep -v grep | head -8 > "$out/ps_${rates}.log"
     done
+    # NOSTREAM=1: the t=0 workload again without streaming (one write per request, not per token)
+    [ -n "${NOSTREAM:-}" ] && run online_requests_nostream_$shape 150 $PY bench/serve.py --mode online --no-stream \
+      --model "$shape" --requests $R $limit --out "$out/online_requests_nostream_$shape.json"
     [ -n "${spies:-}" ] && wait $spies  # NOTE: not a bare wait: the server is a background job too
     kill $server; wait $server
     ;;

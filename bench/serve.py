@@ -234,8 +234,16 @@ def run_online(args, requests) -> dict:
         async with aiohttp.ClientSession(args.url, connector=connector, timeout=timeout, headers=headers) as client:
             async def send(r, record):
                 body = {"model": args.model, "prompt": r["prompt_ids"], "max_tokens": r["max_tokens"],
-                        "temperature": 0.0, "ignore_eos": True, "stream": True,
-                        "stream_options": {"include_usage": True}}
+                        "temperature": 0.0, "ignore_eos": True, "stream": not args.no_stream}
+                if args.no_stream:  # one JSON answer: every token "arrives" with it
+                    async with client.post("/v1/completions", json=body) as response:
+                        response.raise_for_status()
+                        answer = await response.json()
+                    record["tokens"].append(time.perf_counter())
+                    record["output_tokens"] = answer["usage"]["completion_tokens"]
+                    record["ok"] = True
+                    return
+                body["stream_options"] = {"include_usage": True}
                 async with client.post("/v1/completions", json=body) as response:
                     response.raise_for_status()
                     async for line in response.content:  # one SSE line at a time
@@ -275,6 +283,8 @@ def main() -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="GPUs (ranks) the model is split over (offline and async modes)")
     parser.add_argument("--peer-all-reduce", action="store_true", help="tensor parallelism: small all-reduces through peer memory")
+    parser.add_argument("--no-stream", action="store_true",
+                        help="online: non-streaming requests (one write per request: isolates the per-token cost of SSE)")
     parser.add_argument("--url", default="http://127.0.0.1:3000")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="served model name (online)")
     parser.add_argument("--api-key", default=None)
@@ -289,7 +299,7 @@ def main() -> None:
     run = {"offline": run_offline, "async": run_async, "online": run_online, "transformers": run_transformers}[args.mode]
     result = {"date": datetime.date.today().isoformat(), "mode": args.mode, "requests_file": args.requests,
               "num_requests": len(requests), "shape": args.shape,
-              "tensor_parallel_size": args.tensor_parallel_size, **run(args, requests)}
+              "tensor_parallel_size": args.tensor_parallel_size, "stream": not args.no_stream, **run(args, requests)}
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
