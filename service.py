@@ -27,6 +27,7 @@ openai_app = build_openai_app(
     api_key=SETTINGS.api_key,
     max_body_bytes=SETTINGS.max_body_bytes,
     retry_after_s=SETTINGS.retry_after_seconds,
+    stream_interval=SETTINGS.stream_interval,
 )
 
 # NOTE: the page itself needs no key (it holds no data); it asks for one when /v1 answers 401.

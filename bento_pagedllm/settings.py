@@ -12,6 +12,7 @@
 | PAGEDLLM_REQUEST_TIMEOUT_SECONDS | unset | wall-clock limit per request (then aborted: 504 or an error event) |
 | PAGEDLLM_SHUTDOWN_GRACE_SECONDS | 30 | on SIGTERM, how long running requests may still finish |
 | PAGEDLLM_MAX_BODY_BYTES | 4194304 | largest request body (413 past it) |
+| PAGEDLLM_STREAM_INTERVAL | 1 | a streamed answer is written once at least this many new tokens wait (or it ends) |
 | PAGEDLLM_FAULT_INJECTION_SEED | unset | test hook: requests with this `seed` fail inside the engine |
 | PAGEDLLM_FAULT_INJECTION_AFTER_TOKENS | 1 | ... at this generated token |
 | PAGEDLLM_DTYPE | auto | float32 / float16 / bfloat16 (auto: bf16 on CUDA, fp32 on CPU) |
@@ -72,7 +73,7 @@ _ENGINE_FIELDS = {
 _SERVICE_FIELDS = {
     "open_health_and_metrics": _parse_bool, "cors_allow_origins": _origins, "max_waiting_requests": int,
     "retry_after_seconds": int, "request_timeout_seconds": float, "shutdown_grace_seconds": float,
-    "max_body_bytes": int,
+    "max_body_bytes": int, "stream_interval": int,
 }
 
 
@@ -100,11 +101,15 @@ class ServiceSettings:
     request_timeout_seconds: float | None = None
     shutdown_grace_seconds: float = 30.0
     max_body_bytes: int = 4 << 20
+    # NOTE: each SSE write costs the event loop a trip through the ASGI stack (BentoML's middlewares,
+    # tracing, uvicorn), and the loop shares the GIL with the engine: with hundreds of streams that cost
+    # bounds throughput (BENCHMARKS.md). Like vLLM's --stream-interval; 1 writes every step's tokens.
+    stream_interval: int = 1
     fault_injection: FaultInjection | None = None
     engine: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("max_waiting_requests", "max_body_bytes"):
+        for name in ("max_waiting_requests", "max_body_bytes", "stream_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{PREFIX}{name.upper()} must be at least 1")
         if self.retry_after_seconds < 0 or self.shutdown_grace_seconds < 0:

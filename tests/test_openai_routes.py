@@ -530,3 +530,32 @@ async def test_real_server_disconnect(app, engine, aborted):
     finally:
         server.should_exit = True
         await serving
+
+
+async def test_a_stream_interval_writes_fewer_times_and_the_same_events(engine, app):
+    """PAGEDLLM_STREAM_INTERVAL=4: the first token at once, then a write per 4 tokens and the last; the events
+    (one per token, then the finish) and their text are those of interval 1."""
+    payload = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 17, "temperature": 0,
+               "ignore_eos": True, "stream": True}
+    answers = {}
+    for interval in (1, 4):
+        status, writes, _ = await call_asgi(mount(lambda: engine, stream_interval=interval), "/completions", payload)
+        assert status == 200
+        events = sse_events(b"".join(writes).decode())
+        answers[interval] = (len(writes), [e if e == "[DONE]" else e["choices"] for e in events])
+    (writes_1, events_1), (writes_4, events_4) = answers[1], answers[4]
+    assert events_4 == events_1 and len(events_1) == 17 + 2  # 17 tokens, the finish chunk, [DONE]
+    # interval 1: about a write per token (fewer only where the loop fell behind and coalesced); interval 4:
+    # the first token, 16 more in fours (the last with the finish chunk), [DONE]
+    assert writes_4 <= 1 + 4 + 1 < writes_1
+    with pytest.raises(ValueError):
+        mount(lambda: engine, stream_interval=0)
+
+
+def test_the_stream_interval_setting():
+    from bento_pagedllm.settings import ServiceSettings
+
+    assert ServiceSettings.from_env({}).stream_interval == 1
+    assert ServiceSettings.from_env({"PAGEDLLM_STREAM_INTERVAL": "4"}).stream_interval == 4
+    with pytest.raises(ValueError, match="STREAM_INTERVAL"):
+        ServiceSettings.from_env({"PAGEDLLM_STREAM_INTERVAL": "0"})

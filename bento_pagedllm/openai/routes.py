@@ -71,12 +71,16 @@ def build_openai_app(
     api_key: str | None = None,
     max_body_bytes: int = 4 << 20,
     retry_after_s: int = 1,
+    stream_interval: int = 1,
 ) -> Starlette:
     """The OpenAI API for one model. `get_engine()` is called per request (the engine may start later).
 
-    `max_body_bytes` bounds a request body (413 past it); `retry_after_s` is the Retry-After sent with 503s.
+    `max_body_bytes` bounds a request body (413 past it); `retry_after_s` is the Retry-After sent with 503s;
+    a stream is written once `stream_interval` new tokens wait (1: every step), and when it ends.
     `GET /openapi.json` describes the API (the request bodies' schemas come from protocol.py)."""
-    server = _Server(get_engine, model_name, max_body_bytes, retry_after_s)
+    if stream_interval < 1:
+        raise ValueError("stream_interval must be at least 1")
+    server = _Server(get_engine, model_name, max_body_bytes, retry_after_s, stream_interval)
     document = openapi_document(model_name, secured=api_key is not None)
     routes = [
         Route("/models", server.guard(server.list_models), methods=["GET"]),
@@ -119,9 +123,11 @@ class _Job:
 
 class _Server:
     def __init__(
-        self, get_engine: Callable[[], AsyncLLMEngine], model_name: str, max_body_bytes: int, retry_after_s: int
+        self, get_engine: Callable[[], AsyncLLMEngine], model_name: str, max_body_bytes: int, retry_after_s: int,
+        stream_interval: int,
     ) -> None:
         self.get_engine = get_engine
+        self.stream_interval = stream_interval
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
         self.retry_after_s = retry_after_s
@@ -219,7 +225,7 @@ class _Server:
         base = _base_params(body, engine, logprobs=body.logprobs)
         job = _job("cmpl", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt"))
         fmt = _CompletionFormat(_token_texts(engine.tokenizer), body.logprobs, bool(body.echo))
-        return await _respond(request, engine, job, fmt, body, self._reporter(request))
+        return await _respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
     # ---- POST /chat/completions ----------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
@@ -241,7 +247,7 @@ class _Server:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         job = _job("chatcmpl", body, prompts, _fit_context(engine, base, prompts, max_tokens, "messages"))
         fmt = _ChatFormat(_token_texts(engine.tokenizer), logprobs is not None)
-        return await _respond(request, engine, job, fmt, body, self._reporter(request))
+        return await _respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
 
 def _too_large(limit: int) -> OpenAIError:
@@ -459,13 +465,14 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 async def _respond(
     request: Request, engine: AsyncLLMEngine, job: _Job, fmt: "_Format", body: Any,
-    report: Callable[[Exception], OpenAIError],
+    report: Callable[[Exception], OpenAIError], stream_interval: int,
 ) -> Response:
     """Admit the job (refusals raise here, before any byte is sent), then answer in one body or as SSE."""
     streams = _JobStreams(engine, job)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _SSEResponse(_sse_events(streams, job, fmt, include_usage, report), on_close=streams.close)
+        events = _sse_events(streams, job, fmt, include_usage, report, stream_interval)
+        return _SSEResponse(events, on_close=streams.close)
     try:
         outputs = await _until_disconnect(request, streams.final_outputs())
     finally:
@@ -506,10 +513,12 @@ def _sse(payload: dict[str, Any]) -> str:
 
 
 async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_usage: bool,
-                      report: Callable[[Exception], OpenAIError]) -> AsyncIterator[str]:
+                      report: Callable[[Exception], OpenAIError], stream_interval: int = 1) -> AsyncIterator[str]:
     """The stream as OpenAI sends it: per choice an opening chunk (chat: the role), its deltas as generated, a
     chunk with its finish_reason; then the usage chunk if asked for, then [DONE]. A failure (the engine's, a
-    timeout, a shutdown) ends the stream with an error event instead of [DONE]."""
+    timeout, a shutdown) ends the stream with an error event instead of [DONE]. After the first tokens,
+    chunks are written once `stream_interval` new tokens wait or a choice finished (each step's chunk stays
+    its own event)."""
 
     # NOTE: every chunk shares its envelope, so it is serialised once and each chunk encodes only its choice
     # (the bytes are those of json.dumps of the whole payload, keys in OpenAI's order)
@@ -530,6 +539,7 @@ async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_u
             yield "".join(chunk(choice) for choice in opening if choice is not None)
         finished: set[int] = set()
         completion_tokens = 0
+        waiting_tokens, finishing, first = 0, False, True  # since the last write; no token written yet
         async with aclosing(streams.outputs()) as outputs:
             async for p_index, out in outputs:
                 for choice in out.outputs:
@@ -539,7 +549,9 @@ async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_u
                     delta = fmt.delta(index, choice)
                     if delta is not None:
                         events.append(chunk(delta))
+                    waiting_tokens += len(choice.delta_token_ids)
                     if choice.finished:
+                        finishing = True
                         finished.add(index)
                         completion_tokens += len(choice.token_ids)
                         events.append(chunk(fmt.finish(index, _finish_reason(choice))))
@@ -547,9 +559,11 @@ async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_u
                 # out in the same write: one pass through the ASGI stack (BentoML's middlewares, its
                 # tracing, uvicorn) for several steps' tokens, so a busy server catches up instead of
                 # falling further behind. An idle one still sends every step's tokens at once.
-                if events and not streams.has_ready_output():
+                # NOTE: the first tokens go out at once, whatever the interval (time to first token)
+                due = waiting_tokens >= stream_interval or finishing or first
+                if events and due and not streams.has_ready_output():
                     yield "".join(events)
-                    events = []
+                    events, waiting_tokens, finishing, first = [], 0, False, False
         if events:
             yield "".join(events)
         if include_usage:
