@@ -139,10 +139,10 @@ def test_one_token_layers_give_the_same_bits_as_the_layer_by_layer_path(tiny_lla
 
     llm = LLM(tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=16, max_model_len=128,
               enable_prefix_caching=False)
-    assert llm.engine.model.one_token_layers
+    assert llm.engine.model.one_token_weights is not None
     prompt, params = [[7, 8, 9, 10, 11]], SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, logprobs=2)
     fused = llm.generate(prompt, params)[0].outputs[0]
-    llm.engine.model.one_token_layers = False
+    llm.engine.model.one_token_weights = None
     layered = llm.generate(prompt, params)[0].outputs[0]
     assert fused.token_ids == layered.token_ids
     assert [lp.logprob for lp in fused.logprobs] == [lp.logprob for lp in layered.logprobs]

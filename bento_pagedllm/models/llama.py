@@ -135,8 +135,9 @@ class LlamaForCausalLM(nn.Module):
         )
         self.rotary = RotaryEmbedding(config, max_positions)
         self.cpu_lm_head: CpuLinear | None = None
-        # NOTE: set by prepare_for_cpu: a single token runs each layer as one native call
-        self.one_token_layers = False
+        # NOTE: set by prepare_for_cpu (each layer's weights in NativeCpuOps.one_token_layer's order): a single
+        # token then runs each layer as one native call
+        self.one_token_weights: list[list[torch.Tensor]] | None = None
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -153,10 +154,12 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)  # [num_tokens, hidden]
         rotary = self.ops.rotary_context(positions, self.rotary.cos, self.rotary.sin, hidden.dtype)
         residual = None
-        one_token = self.one_token_layers and input_ids.shape[0] == 1  # CPU single-stream decode
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        one_token = self.one_token_weights is not None and input_ids.shape[0] == 1  # CPU single-stream decode
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
             if one_token:
-                hidden, residual = self.ops.one_token_layer(layer, hidden, residual, rotary, kv_cache, meta)
+                hidden, residual = self.ops.one_token_layer(
+                    layer, self.one_token_weights[i], hidden, residual, rotary, kv_cache, meta
+                )
             else:
                 hidden, residual = layer(hidden, residual, rotary, kv_cache, meta, self.ops, self.backend)
         return residual + hidden  # [num_tokens, hidden], before the final norm
@@ -239,13 +242,12 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head is not None:
             self.lm_head = None  # NOTE: the CpuLinear copies serve; the row-major originals are freed
         if native and self.parallel.size == 1:  # NOTE: the native layer has no all-reduce
-            for layer in self.layers:
-                layer.one_token_weights = [layer.input_layernorm] + [
-                    getattr(layer, name).cpu_kernel.gemv_blocks for name in ("qkv_proj", "o_proj")
-                ] + [layer.post_attention_layernorm] + [
-                    getattr(layer, name).cpu_kernel.gemv_blocks for name in ("gate_up_proj", "down_proj")
-                ]
-            self.one_token_layers = True
+            self.one_token_weights = [
+                [layer.input_layernorm, layer.qkv_proj.cpu_kernel.gemv_blocks, layer.o_proj.cpu_kernel.gemv_blocks,
+                 layer.post_attention_layernorm, layer.gate_up_proj.cpu_kernel.gemv_blocks,
+                 layer.down_proj.cpu_kernel.gemv_blocks]
+                for layer in self.layers
+            ]
 
     @torch.no_grad()
     def init_dummy_weights(self, seed: int = 0) -> None:

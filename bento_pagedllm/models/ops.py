@@ -79,11 +79,12 @@ class NativeCpuOps(TorchOps):
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.pagedllm_cpu.silu_and_mul(x)
 
-    def one_token_layer(self, layer, hidden, residual, rotary_context, kv_cache, meta):
+    def one_token_layer(self, layer, weights, hidden, residual, rotary_context, kv_cache, meta):
         """`layer.forward` for a single token in one native call (the same kernels in the same order).
-        NOTE: needs `layer.one_token_weights` (set by LlamaForCausalLM.prepare_for_cpu)."""
+        weights: input norm, q/k/v column blocks, o blocks, post-attention norm, gate/up blocks, down blocks
+        (LlamaForCausalLM.prepare_for_cpu lists them)."""
         return torch.ops.pagedllm_cpu.one_token_layer(
-            hidden, residual, layer.one_token_weights, layer.eps, layer.num_heads, layer.num_kv_heads,
+            hidden, residual, weights, layer.eps, layer.num_heads, layer.num_kv_heads,
             layer.head_dim, *kv_cache, meta.slot_mapping, *rotary_context, meta.block_tables, meta.seq_lens,
             layer.scale,
         )
