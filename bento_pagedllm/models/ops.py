@@ -1,7 +1,9 @@
 """The small operators of a Llama layer, one implementation per device, chosen once and passed in.
 
-`TorchOps` is the reference (transformers' numerics op for op) and the CPU path; `TritonOps` fuses each
-operator into one Triton kernel for CUDA. The model calls the same four methods on either.
+`TorchOps` is the reference (transformers' numerics op for op) and the CPU path where no compiler is;
+`NativeCpuOps` fuses each operator into one native CPU call (kernels/cpu_ops.cpp, float32), and adds a
+whole one-token layer; `TritonOps` fuses each into one Triton kernel for CUDA. The model calls the same
+four methods on any of them.
 """
 
 from __future__ import annotations
