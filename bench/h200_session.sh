@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU figures of BENCHMARKS.md, as run on the lent H200 from the source tree (no bentoml there:
 # wheels travel in .whl/ and .whl-bento/, made by `make gpu-wheels`). Usage: bash bench/h200_session.sh PART OUTDIR
-# (PART tp2 / tp4: tensor parallelism, on the 2- and 4-GPU kinds)
+# (PART tp2 / tp4: tensor parallelism, on the 2- and 4-GPU kinds; online_interval: issue 5's online/offline
+# ratio at PAGEDLLM_STREAM_INTERVAL 1 and 4 in one call)
 set -uo pipefail
 part=$1; out=$2; mkdir -p "$out"
 PY=${PY:-python3}
 if [ -z "${NO_WHEELS:-}" ]; then  # on the GPU machine: the missing packages travel as wheels
-  wheels=".whl/*.whl"; [ "$part" = online ] && wheels="$wheels .whl-bento/*.whl"
+  wheels=".whl/*.whl"; case $part in online*) wheels="$wheels .whl-bento/*.whl";; esac
   [ -n "${PYSPY:-}" ] && wheels="$wheels .whl-debug/*.whl"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels
   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
@@ -44,6 +45,13 @@ case $part in
   tp4)
     # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)
     run single_stream_llama2-70b_tp4 400 $PY bench/single_stream.py --models llama2-70b --peers none --runs 2 --tensor-parallel-size 4 --out "$out/single_stream_llama2-70b_tp4.json"
+    ;;
+  online_interval)
+    # issue 5 in one call: offline, then the online t=0 workload at stream interval 1 and 4 (one server each)
+    run serve_offline_llama2-7b 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    for interval in 1 4; do
+      PAGEDLLM_STREAM_INTERVAL=$interval NO_WHEELS=1 RATES=requests bash "$0" online "$out/interval$interval" > "$out/interval$interval.log" 2>&1
+      cp "$out/interval$interval/online_requests_llama2-7b.json" "$out/online_interval${interval}_llama2-7b.json"; done
     ;;
   online)
     # a real `bentoml serve service:svc` with random weights of a shape (imported as a config-only model),
