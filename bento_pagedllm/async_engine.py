@@ -144,10 +144,6 @@ class RequestStream:
             self._release(abort=False)
         return item
 
-    def has_ready_output(self) -> bool:
-        """An output is queued: the next `__anext__` returns without waiting."""
-        return not self.queue.empty()
-
     async def aclose(self) -> None:
         self.close()
 

@@ -51,7 +51,8 @@ def test_rotary_and_store_kv_is_bit_identical_to_the_reference(num_tokens, heads
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)  # [positions, head_dim]
     positions = torch.randint(0, 64, (num_tokens,), generator=g)
     slots = torch.randperm(6 * 16, generator=g)[:num_tokens]
-    slots[-1] = -1 if num_tokens > 1 else slots[-1]  # a padding token stores nothing
+    if num_tokens > 1:
+        slots[-1] = -1  # a padding token stores nothing
     caches = {}
     for name, ops in (("native", NATIVE), ("reference", REFERENCE)):
         kv_cache = (torch.zeros(6, 16, kv_heads, head_dim), torch.zeros(6, 16, kv_heads, head_dim))

@@ -2,8 +2,9 @@
 
 torch's C++ extension builder compiles the source on first use with the system's C++ compiler and
 ninja (15 to 25 s on 2 cores), caching the library under `TORCH_EXTENSIONS_DIR` (default
-~/.cache/torch_extensions), one directory per source version, for later processes. Where no compiler is found or the build fails, `load()`
-returns False with a warning and the engine keeps the pure-torch operators: slower, never wrong.
+~/.cache/torch_extensions), one directory per source version, for later processes. Where no compiler is
+found or the build fails, `load()` returns False with a warning and the engine keeps the pure-torch
+operators: slower, never wrong.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def _staged_source() -> tuple[str, str]:
     with open(SOURCE, "rb") as f:
         text = f.read()
     key = hashlib.sha256(b"\0".join([text, " ".join(FLAGS).encode(), torch.__version__.encode()])).hexdigest()[:16]
-    build_dir = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root(), f"pagedllm_cpu_ops_{key}")
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    build_dir = os.path.join(root, f"pagedllm_cpu_ops_{key}")
     os.makedirs(build_dir, exist_ok=True)
     staged = os.path.join(build_dir, "cpu_ops.cpp")
     if not os.path.exists(staged):  # NOTE: written once, atomically: concurrent processes see all or nothing

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ..attention import AttentionMetadata
+from ..attention import AttentionMetadata, NativeCpuAttentionBackend
 from ..config import ModelConfig
 from ..distributed.layers import (
     ColumnParallelLinear,
@@ -29,9 +29,8 @@ from ..distributed.layers import (
     vocab_parallel_logits,
 )
 from ..distributed.parallel_state import ParallelConfig
-from .cpu_linear import CpuLinear
-from ..attention import NativeCpuAttentionBackend
 from ..kernels import cpu_ops
+from .cpu_linear import CpuLinear
 from .ops import NativeCpuOps, TorchOps, TritonOps, attention_backend_for, ops_for
 
 

@@ -427,10 +427,6 @@ class _JobStreams:
             await asyncio.gather(*tasks, return_exceptions=True)
             self.close()
 
-    def has_ready_output(self) -> bool:
-        """The next output of a single-stream job is already queued (multi-stream jobs say False)."""
-        return len(self.streams) == 1 and self.streams[0].has_ready_output()
-
     async def final_outputs(self) -> list[RequestOutput]:
         final: dict[int, RequestOutput] = {}
         async with aclosing(self.outputs()) as outputs:
@@ -513,7 +509,7 @@ def _sse(payload: dict[str, Any]) -> str:
 
 
 async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_usage: bool,
-                      report: Callable[[Exception], OpenAIError], stream_interval: int = 1) -> AsyncIterator[str]:
+                      report: Callable[[Exception], OpenAIError], stream_interval: int) -> AsyncIterator[str]:
     """The stream as OpenAI sends it: per choice an opening chunk (chat: the role), its deltas as generated, a
     chunk with its finish_reason; then the usage chunk if asked for, then [DONE]. A failure (the engine's, a
     timeout, a shutdown) ends the stream with an error event instead of [DONE]. After the first tokens,
@@ -555,13 +551,11 @@ async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_u
                         finished.add(index)
                         completion_tokens += len(choice.token_ids)
                         events.append(chunk(fmt.finish(index, _finish_reason(choice))))
-                # NOTE: when the event loop runs behind the engine, the outputs queued behind this one go
-                # out in the same write: one pass through the ASGI stack (BentoML's middlewares, its
-                # tracing, uvicorn) for several steps' tokens, so a busy server catches up instead of
-                # falling further behind. An idle one still sends every step's tokens at once.
-                # NOTE: the first tokens go out at once, whatever the interval (time to first token)
+                # NOTE: each write is a trip through the ASGI stack (BentoML's middlewares, its tracing,
+                # uvicorn) on the loop that shares the GIL with the engine, hence the interval; the first
+                # tokens go out at once whatever it is (time to first token)
                 due = waiting_tokens >= stream_interval or finishing or first
-                if events and due and not streams.has_ready_output():
+                if events and due:
                     yield "".join(events)
                     events, waiting_tokens, finishing, first = [], 0, False, False
         if events:
