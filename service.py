@@ -1,4 +1,5 @@
-"""The BentoML service: it owns the engine (in its own process, no extra hop per token) and mounts the
+"""The BentoML service: it owns the engine (on a thread of its worker, or in a child process of it:
+PAGEDLLM_ENGINE_PROCESS) and mounts the
 OpenAI-compatible API at /v1 and the chat page at /chat (bento_pagedllm/web/). Settings come from the
 environment: see bento_pagedllm/settings.py.
 
@@ -57,11 +58,12 @@ class PagedLLM:
         from bento_pagedllm import AsyncLLMEngine
         from bento_pagedllm.metrics import EngineMetrics
 
+        args = SETTINGS.engine_args(self.model.path)
         self.engine = AsyncLLMEngine(
-            SETTINGS.engine_args(self.model.path), observer=EngineMetrics(SETTINGS.model_name),
-            limits=SETTINGS.request_limits,
+            args, observer=EngineMetrics(SETTINGS.model_name), limits=SETTINGS.request_limits,
+            engine_process=SETTINGS.use_engine_process(args),
+            token_hook=SETTINGS.fault_injection,  # None unless the operator turned it on
         )
-        self.engine.engine.token_hook = SETTINGS.fault_injection  # None unless the operator turned it on
         self.engine.start()
         self._drain_on_sigterm()
 

@@ -123,17 +123,22 @@ def run_offline(args, requests) -> dict:
     return report(list(records.values()), wall, extra)
 
 
-def warm_up(engine) -> None:
-    """Compile the kernels for prefill and decode shapes before the clock starts (random prompts, so the
-    prefix cache holds nothing the workload could hit)."""
+def warm_up_requests() -> list[dict]:
+    """Random prompts of prefill and decode shapes (so the prefix cache holds nothing the workload could hit)."""
     import random
 
+    rng = random.Random(1234)
+    return [{"id": f"warmup-{i}", "prompt_ids": [rng.randrange(10, 30000) for _ in range(length)], "max_tokens": 8}
+            for i, length in enumerate((5, 60, 300, 900))]
+
+
+def warm_up(engine) -> None:
+    """Compile the kernels for prefill and decode shapes before the clock starts."""
     from bento_pagedllm import SamplingParams
 
-    rng = random.Random(1234)
-    for i, length in enumerate((5, 60, 300, 900)):
-        prompt = [rng.randrange(10, 30000) for _ in range(length)]
-        engine.add_request(f"warmup-{i}", prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    for r in warm_up_requests():
+        engine.add_request(r["id"], r["prompt_ids"],
+                           SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True))
     while engine.has_unfinished_requests():
         engine.step()
 
@@ -200,11 +205,20 @@ async def replay(requests, send) -> tuple[list[dict], float]:
 
 
 def run_async(args, requests) -> dict:
-    from bento_pagedllm import AsyncLLMEngine, EngineArgs, LLMEngine, SamplingParams
+    """The in-process AsyncLLMEngine (no HTTP); with --engine-process its engine runs in a child process."""
+    from bento_pagedllm import AsyncLLMEngine, EngineArgs, SamplingParams
+    from bento_pagedllm.async_engine import EngineObserver
 
-    inner = LLMEngine(EngineArgs(model=args.model_path, **engine_kwargs(args)))
-    warm_up(inner)
-    engine = AsyncLLMEngine(engine=inner)
+    class Totals(EngineObserver):
+        def __init__(self) -> None:
+            self.stats, self.preemptions = None, 0
+
+        def observe(self, report) -> None:
+            self.stats, self.preemptions = report.stats, self.preemptions + report.num_preempted
+
+    totals = Totals()
+    engine = AsyncLLMEngine(EngineArgs(model=args.model_path, **engine_kwargs(args)), observer=totals,
+                            engine_process=args.engine_process)
 
     async def send(r, record):
         params = SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, ignore_eos=True)
@@ -212,13 +226,20 @@ def run_async(args, requests) -> dict:
             record["tokens"] += [time.perf_counter()] * len(out.outputs[0].delta_token_ids)
             record["ok"] = out.finished
 
-    records, wall = asyncio.run(replay(requests, send))
-    engine.shutdown()
-    inner.shutdown()  # the tensor-parallel workers, if any
-    return report(records, wall, {"kv_blocks": inner.block_manager.num_blocks,
-                                  "preemptions": inner.scheduler.num_preemptions_total,
-                                  "prefix_hit_tokens": inner.block_manager.prefix_hit_tokens,
-                                  "prefix_caching": inner.configs.cache.enable_prefix_caching})
+    async def main():
+        await asyncio.gather(*(send(r, {"tokens": []}) for r in warm_up_requests()))
+        warm_hits = totals.stats.prefix_hit_tokens
+        records, wall = await replay(requests, send)
+        return records, wall, warm_hits
+
+    preempted_before = totals.preemptions
+    records, wall, warm_hits = asyncio.run(main())
+    engine.shutdown()  # the engine process or the tensor-parallel workers, if any
+    return report(records, wall, {"kv_blocks": totals.stats.kv_blocks_total,
+                                  "preemptions": totals.preemptions - preempted_before,
+                                  "prefix_hit_tokens": totals.stats.prefix_hit_tokens - warm_hits,
+                                  "prefix_caching": not args.no_prefix_caching,
+                                  "engine_process": args.engine_process})
 
 
 def run_online(args, requests) -> dict:
@@ -283,6 +304,8 @@ def main() -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=1,
                         help="GPUs (ranks) the model is split over (offline and async modes)")
     parser.add_argument("--peer-all-reduce", action="store_true", help="tensor parallelism: small all-reduces through peer memory")
+    parser.add_argument("--engine-process", action="store_true",
+                        help="async: the engine in a child process (what the service does on CUDA)")
     parser.add_argument("--no-stream", action="store_true",
                         help="online: non-streaming requests (one write per request: isolates the per-token cost of SSE)")
     parser.add_argument("--url", default="http://127.0.0.1:3000")

@@ -1,25 +1,27 @@
-"""AsyncLLMEngine: the engine stepped by a background thread, each request an async stream of outputs.
+"""AsyncLLMEngine: the engine driven by a loop of its own, each request an async stream of outputs.
 
-The engine thread owns the LLMEngine: it alone touches the scheduler, the cache and the model, so no
-locks guard engine state. Callers talk to it through a thread-safe command queue (add, abort, drain) and
-get their outputs through per-request asyncio queues filled with `loop.call_soon_threadsafe`, one batch per
-step. The event loop never waits on a model step: torch releases the GIL while it computes.
+The loop (engine_loop.py) alone touches the LLMEngine. It runs on a background thread of this process,
+or, with `engine_process=True`, in a child process with a GIL of its own (engine_process.py: the serving
+process then keeps only the HTTP work, which under load matters more than the pipe between them). Callers
+talk to it through a command queue (add, abort, drain); each pass of the loop comes back as one batch,
+which this class routes to the per-request asyncio queues with `loop.call_soon_threadsafe`. The event loop
+never waits on a model step.
 
 What keeps it up under load and misbehaviour:
 - admission is synchronous and bounded: `submit` refuses a request (`EngineOverloadedError`) while
   `max_waiting_requests` requests still wait for their first output, so the queue never grows unbounded;
-- a request past its wall-clock limit (`request_timeout_s`) is aborted by the engine thread and its stream
+- a request past its wall-clock limit (`request_timeout_s`) is aborted by the loop and its stream
   ends with `RequestTimeoutError`;
 - a request that fails inside the engine ends its stream with `RequestFailedError`, alone; a whole step
   that fails fails the requests the engine held, and the loop goes on serving new ones;
 - `drain(grace_s)` (graceful shutdown) refuses new requests, lets the running ones finish within the
-  grace period, then ends the rest with `EngineShuttingDownError`.
+  grace period, then ends the rest with `EngineShuttingDownError`;
+- a loop (or engine process) that dies fails every open stream, and `dead_error` says why.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import itertools
 import logging
 import queue
@@ -30,29 +32,32 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 from .config import EngineArgs
-from .engine import LLMEngine, PromptType, RequestError
+from .engine import LLMEngine, PromptType, RequestError, TokenHook
+from .engine_loop import (
+    NO_COMMAND,
+    AbortRequest,
+    AddRequest,
+    Command,
+    Delivery,
+    DrainRequests,
+    EngineLoop,
+    EngineOverloadedError,
+    EngineReport,
+    EngineShuttingDownError,
+    RequestFailedError,
+    RequestTimeoutError,
+)
+from .engine_process import EngineProcess, OutputAssembler
 from .outputs import RequestOutput
+from .prompts import PromptProcessor
 from .sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+__all__ = ["AsyncLLMEngine", "EngineObserver", "EngineOverloadedError", "EngineShuttingDownError",
+           "RequestFailedError", "RequestLimits", "RequestStream", "RequestTimeoutError"]
+
 LONG_PROMPT_CHARS = 2048  # tokenize longer prompts in a worker thread, off the event loop
-
-
-class EngineOverloadedError(RuntimeError):
-    """Too many requests wait for their first output: the client should retry later."""
-
-
-class EngineShuttingDownError(RuntimeError):
-    """The engine is draining or stopped: it takes no new requests and ends those left at the deadline."""
-
-
-class RequestTimeoutError(RuntimeError):
-    """The request ran past the engine's wall-clock limit and was aborted."""
-
-
-class RequestFailedError(RuntimeError):
-    """The engine failed while serving this request (the message says why, for logs, not for clients)."""
 
 
 @dataclass(frozen=True)
@@ -70,44 +75,17 @@ class RequestLimits:
 
 
 class EngineObserver:
-    """What the engine thread reports (metrics.EngineMetrics implements it); every method is a no-op here.
+    """What the engine loop reports (metrics.EngineMetrics implements it); every method is a no-op here.
 
-    NOTE: all but `observe_rejection` run on the engine thread, which alone may read the engine's state.
+    NOTE: `observe` runs on the thread that routes the loop's batches (the engine thread, or the reader of
+    the engine process), before the batch's outputs reach their streams.
     """
 
-    def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
-        """After every step; finished outputs with an `error` are failures."""
-
-    def observe_abort(self, engine: LLMEngine) -> None:
-        """A request was aborted (client gone, shutdown)."""
-
-    def observe_timeout(self, engine: LLMEngine) -> None:
-        """A request was aborted for running past its time limit."""
-
-    def observe_failure(self, engine: LLMEngine) -> None:
-        """A request failed because its whole step failed."""
+    def observe(self, report: EngineReport) -> None:
+        """After every pass of the loop: the engine's counts, the tokens generated, the requests ended."""
 
     def observe_rejection(self) -> None:
         """A request was refused at admission (overload). Runs on the caller's event loop."""
-
-
-@dataclass
-class _Add:
-    request_id: str
-    prompt: PromptType
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    stream: "RequestStream"
-
-
-@dataclass
-class _Abort:
-    request_id: str
-
-
-@dataclass
-class _Drain:
-    deadline: float  # time.monotonic() after which the requests left are ended
 
 
 class RequestStream:
@@ -118,11 +96,11 @@ class RequestStream:
     an async generator's `finally`, that holds even when it was never iterated.
     """
 
-    def __init__(self, owner: "AsyncLLMEngine", request_id: str, deadline: float | None) -> None:
+    def __init__(self, owner: "AsyncLLMEngine", request_id: str, assembler: OutputAssembler | None) -> None:
         self.request_id = request_id
-        self.deadline = deadline
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.assembler = assembler  # rebuilds outputs from the engine process's deltas; None in-process
         self._owner = owner
         self._closed = False
 
@@ -156,6 +134,49 @@ class RequestStream:
             self._owner._release(self.request_id, abort)
 
 
+class _EngineThread:
+    """Runs the loop on a thread of this process (the CPU default)."""
+
+    def __init__(self, engine: LLMEngine, request_timeout_s: float | None,
+                 on_batch: Callable[[EngineReport, list[Delivery]], None],
+                 on_exit: Callable[[BaseException | None], None]) -> None:
+        self._loop = EngineLoop(engine, on_batch, request_timeout_s)
+        self._on_exit = on_exit
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
+            self._thread.start()
+
+    def send(self, command: Command) -> None:
+        self._commands.put(command)  # NOTE: reentrant (a SimpleQueue): safe in a signal handler
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._commands.put(None)
+            self._thread.join()
+
+    def _receive(self, block: bool) -> object:
+        try:
+            return self._commands.get(block=block)
+        except queue.Empty:
+            return NO_COMMAND
+
+    def _run(self) -> None:
+        try:
+            self._loop.run(self._receive)
+        except BaseException as error:  # noqa: BLE001 - the loop died: every open stream fails
+            logger.exception("engine loop failed")
+            self._on_exit(RuntimeError(f"engine loop failed: {error!r}"))
+            return
+        self._on_exit(None)
+
+
 class AsyncLLMEngine:
     def __init__(
         self,
@@ -164,22 +185,33 @@ class AsyncLLMEngine:
         engine: LLMEngine | None = None,
         observer: EngineObserver | None = None,
         limits: RequestLimits = RequestLimits(),
+        engine_process: bool = False,
+        token_hook: TokenHook | None = None,
     ) -> None:
-        """`observer` (optional, e.g. `metrics.EngineMetrics`) hears about steps, aborts, timeouts, failures
-        and rejections; `limits` bound the queue and each request's time."""
-        self.engine = engine if engine is not None else LLMEngine(args)  # type: ignore[arg-type]
+        """`observer` (optional, e.g. `metrics.EngineMetrics`) hears what the loop did and the rejections;
+        `limits` bound the queue and each request's time; `engine_process` runs the engine in a child process
+        built from `args` (then `self.engine` is None); `token_hook` is the engine's test hook (faults.py)."""
         self.observer = observer or EngineObserver()
         self.limits = limits
         self._owns_engine = engine is None  # NOTE: an engine given to us is its giver's to shut down
-        self.tokenizer = self.engine.tokenizer
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self._core: _EngineThread | EngineProcess
+        if engine_process:
+            if engine is not None or args is None:
+                raise ValueError("engine_process=True builds its engine from args, in the child process")
+            self.engine: LLMEngine | None = None
+            self.prompts = PromptProcessor(args)
+            self._core = EngineProcess(args, token_hook, limits.request_timeout_s, self._route, self._on_exit)
+        else:
+            self.engine = engine if engine is not None else LLMEngine(args)  # type: ignore[arg-type]
+            if token_hook is not None:
+                self.engine.token_hook = token_hook
+            self.prompts = self.engine.prompts
+            self._core = _EngineThread(self.engine, limits.request_timeout_s, self._route, self._on_exit)
+        self.tokenizer = self.prompts.tokenizer
         self._ids = itertools.count(1)
-        # NOTE: touched by the engine thread only
+        # NOTE: the streams by request id: added on the callers' event loops before their request is sent,
+        # removed there on close or by the routing thread at their last output (single dict operations)
         self._streams: dict[str, RequestStream] = {}
-        self._deadlines: list[tuple[float, str]] = []  # a heap of (deadline, request id)
-        self._drain_deadline: float | None = None
         # NOTE: touched on the callers' event loops only
         self._active_ids: set[str] = set()  # streams open
         self._waiting_ids: set[str] = set()  # streams without their first output yet
@@ -188,9 +220,7 @@ class AsyncLLMEngine:
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="pagedllm-engine", daemon=True)
-            self._thread.start()
+        self._core.start()
 
     def drain(self, grace_s: float) -> None:
         """Begin a graceful shutdown: refuse new requests now, end those still running after `grace_s`.
@@ -198,23 +228,20 @@ class AsyncLLMEngine:
         NOTE: safe to call from a signal handler: it sets a flag and puts on a SimpleQueue (reentrant).
         """
         self._draining = True
-        self._commands.put(_Drain(time.monotonic() + grace_s))
+        self._core.send(DrainRequests(time.monotonic() + grace_s))
 
     def shutdown(self) -> None:
-        """Stop the engine thread; unfinished requests are aborted and their streams end with an error.
-        An engine built here is shut down too (its tensor-parallel workers stop)."""
+        """Stop the loop; unfinished requests are aborted and their streams end with an error. An engine
+        built here is shut down too (its tensor-parallel workers stop; an engine process exits)."""
         self._draining = True
-        if self._thread is not None:
-            self._stopping.set()
-            self._commands.put(None)
-            self._thread.join()
-            self._thread = None
-        if self._owns_engine:
+        self._core.stop()
+        self._fail_streams(EngineShuttingDownError("the engine shut down"))
+        if self._owns_engine and self.engine is not None:
             self.engine.shutdown()
 
     @property
     def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._core.is_alive()
 
     @property
     def is_draining(self) -> bool:
@@ -245,7 +272,7 @@ class AsyncLLMEngine:
         if self.dead_error is not None:
             raise RuntimeError("the engine loop has failed")
         self.start()
-        self.engine.validate_prompt(prompt_token_ids, params)
+        self.prompts.validate_prompt(prompt_token_ids, params)
         limit = self.limits.max_waiting_requests
         if limit is not None and len(self._waiting_ids) >= limit:
             self.observer.observe_rejection()
@@ -254,11 +281,16 @@ class AsyncLLMEngine:
         if request_id in self._active_ids:
             raise RequestError(f"request id {request_id!r} is already in use")
         timeout = self.limits.request_timeout_s
-        stream = RequestStream(self, request_id, None if timeout is None else time.monotonic() + timeout)
+        prompt = prompt if prompt is not None else prompt_token_ids
+        assembler = None
+        if self.engine is None:
+            assembler = OutputAssembler(request_id, prompt if isinstance(prompt, str) else None, prompt_token_ids)
+        stream = RequestStream(self, request_id, assembler)
         self._active_ids.add(request_id)
         self._waiting_ids.add(request_id)
-        self._commands.put(_Add(request_id, prompt if prompt is not None else prompt_token_ids,
-                                prompt_token_ids, params, stream))
+        self._streams[request_id] = stream
+        self._core.send(AddRequest(request_id, prompt, prompt_token_ids, params,
+                                   None if timeout is None else time.monotonic() + timeout))
         return stream
 
     async def generate(
@@ -275,15 +307,15 @@ class AsyncLLMEngine:
         """
         params = params or SamplingParams()
         if isinstance(prompt, str) and len(prompt) > LONG_PROMPT_CHARS:
-            ids = await asyncio.to_thread(self.engine.tokenize, prompt)  # keep the event loop free
+            ids = await asyncio.to_thread(self.prompts.tokenize, prompt)  # keep the event loop free
         else:
-            ids = self.engine.tokenize(prompt)
+            ids = self.prompts.tokenize(prompt)
         async with aclosing(self.submit(ids, params, request_id, prompt=prompt)) as stream:
             async for out in stream:
                 yield out
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(_Abort(request_id))
+        self._core.send(AbortRequest(request_id))
 
     def _started(self, request_id: str) -> None:
         self._waiting_ids.discard(request_id)
@@ -292,111 +324,40 @@ class AsyncLLMEngine:
         self._waiting_ids.discard(request_id)
         self._active_ids.discard(request_id)
         if abort:
+            self._streams.pop(request_id, None)
             self.abort(request_id)
 
-    # ---- the engine thread ---------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while not self._stopping.is_set():
-                self._drain_commands(block=not self.engine.has_unfinished_requests())
-                if self._stopping.is_set():
-                    break
-                self._end_overdue(time.monotonic())
-                if self.engine.has_unfinished_requests():
-                    self._step()
-        except BaseException as error:  # noqa: BLE001 - the loop died: tell every waiting stream
-            logger.exception("engine loop failed")
-            self.dead_error = error
-            self._fail_all(RuntimeError(f"engine loop failed: {error!r}"))
-            return
-        self._fail_all(EngineShuttingDownError("the engine shut down"))
-
-    def _step(self) -> None:
-        try:
-            outputs = self.engine.step()
-        except Exception as error:  # noqa: BLE001 - the step's requests fail; the loop serves the next ones
-            logger.exception("engine step failed: failing the %d requests it held", len(self.engine.requests))
-            self._end_all(RequestFailedError(f"the engine step failed: {error!r}"), self.observer.observe_failure)
-            for request_id in list(self.engine.requests):  # NOTE: none should be left without a stream
-                self.engine.abort_request(request_id)
-            return
+    # ---- what the loop sends back (on the engine thread, or the engine process's reader) ---------
+    def _route(self, report: EngineReport, deliveries: list[Delivery]) -> None:
         # NOTE: counted before delivered: a client that sees its request end finds it on /metrics already
-        self.observer.observe_step(self.engine, outputs)
-        self._deliver(outputs)
-
-    def _drain_commands(self, block: bool) -> None:
-        while True:
-            try:
-                command = self._commands.get(block=block)
-            except queue.Empty:
-                return
-            block = False
-            if command is None:
-                return
-            if isinstance(command, _Add):
-                self._add(command)
-            elif isinstance(command, _Abort):
-                self._streams.pop(command.request_id, None)
-                if self.engine.abort_request(command.request_id):
-                    self.observer.observe_abort(self.engine)
-            elif isinstance(command, _Drain):
-                self._drain_deadline = command.deadline
-
-    def _add(self, command: _Add) -> None:
-        try:
-            self.engine.add_request(
-                command.request_id, command.prompt, command.params, prompt_token_ids=command.prompt_token_ids
-            )
-        except Exception as error:  # noqa: BLE001 - e.g. a duplicate id: that request fails alone
-            command.stream.loop.call_soon_threadsafe(command.stream.queue.put_nowait, error)
-            return
-        self._streams[command.request_id] = command.stream
-        if command.stream.deadline is not None:
-            heapq.heappush(self._deadlines, (command.stream.deadline, command.request_id))
-
-    def _end_overdue(self, now: float) -> None:
-        """End the requests past their wall-clock limit, and every request once the drain deadline passed."""
-        while self._deadlines and self._deadlines[0][0] <= now:
-            _, request_id = heapq.heappop(self._deadlines)
-            if request_id in self._streams:
-                timeout = self.limits.request_timeout_s
-                self._end(request_id, RequestTimeoutError(f"the request ran past the {timeout:g} s time limit"),
-                          self.observer.observe_timeout)
-        if self._drain_deadline is not None and now >= self._drain_deadline and self._streams:
-            logger.warning("shutdown grace period over: ending %d requests", len(self._streams))
-            self._end_all(EngineShuttingDownError("the server is shutting down"), self.observer.observe_abort)
-
-    def _end(self, request_id: str, error: BaseException, observe: Callable[[LLMEngine], None]) -> None:
-        """Abort one request (its blocks are free after this) and end its stream with `error`."""
-        stream = self._streams.pop(request_id)
-        if self.engine.abort_request(request_id):
-            observe(self.engine)
-        _put_threadsafe(stream, error)
-
-    def _end_all(self, error: BaseException, observe: Callable[[LLMEngine], None]) -> None:
-        for request_id in list(self._streams):
-            self._end(request_id, error, observe)
-
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        self.observer.observe(report)
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for out in outputs:
-            stream = self._streams.get(out.request_id)
+        for request_id, item in deliveries:
+            stream = self._streams.get(request_id)
             if stream is None:
-                continue
-            if out.finished:
-                del self._streams[out.request_id]
-            by_loop.setdefault(stream.loop, []).append((stream, out))
+                continue  # closed by its consumer: the request is (being) aborted
+            if stream.assembler is not None and not isinstance(item, BaseException):
+                item = stream.assembler.add(item)
+            if isinstance(item, BaseException) or item.finished:
+                self._streams.pop(request_id, None)
+            by_loop.setdefault(stream.loop, []).append((stream, item))
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, items)
             except RuntimeError:
                 pass  # that event loop is closed: nobody reads those streams
 
-    def _fail_all(self, error: BaseException) -> None:
-        for request_id, stream in list(self._streams.items()):
-            self.engine.abort_request(request_id)
-            _put_threadsafe(stream, error)
-        self._streams.clear()
+    def _on_exit(self, error: BaseException | None) -> None:
+        """The loop ended: stopped (error None) or dead. Every stream still open ends."""
+        if error is not None:
+            self.dead_error = error
+        self._fail_streams(error if error is not None else EngineShuttingDownError("the engine shut down"))
+
+    def _fail_streams(self, error: BaseException) -> None:
+        for request_id in list(self._streams):
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                _put_threadsafe(stream, error)
 
 
 def _put_threadsafe(stream: RequestStream, item: RequestOutput | BaseException) -> None:

@@ -20,7 +20,7 @@ from .block_manager import BlockManager
 from .config import EngineArgs, EngineConfigs
 from .distributed.parallel_state import ParallelConfig
 from .distributed.workers import TensorParallelWorkers
-from .loader import ModelSource, iter_weights, resolve_model
+from .loader import ModelSource, iter_weights
 from .model_runner import LaunchedStep, ModelRunner
 from .models.llama import LlamaForCausalLM
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -28,15 +28,12 @@ from .sampler import mix_seed
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Request, Sequence, TokenLogprob
-from .tokenizer import IncrementalDetokenizer, apply_chat_template, encode_prompt, load_tokenizer
+from .prompts import PromptProcessor, PromptType, RequestError
+from .tokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger(__name__)
 
-PromptType = str | list[int]
-
-
-class RequestError(ValueError):
-    """A request the engine cannot serve (too long, bad token ids...): rejected before scheduling."""
+__all__ = ["LLM", "LLMEngine", "PromptType", "RequestError", "build_model"]
 
 
 TokenHook = Callable[[Sequence, TokenLogprob], None]
@@ -72,10 +69,11 @@ def build_model(configs: EngineConfigs, source: ModelSource | None,
 class LLMEngine:
     def __init__(self, args: EngineArgs) -> None:
         self.args = args
-        source = resolve_model(args.model)
-        self.configs = args.create_configs(source.config, source.path)
+        self.prompts = PromptProcessor(args)
+        source = self.prompts.source
+        self.configs = self.prompts.configs
         self.model_config = self.configs.model
-        self.tokenizer = load_tokenizer(source.tokenizer_dir) if source.tokenizer_dir else None
+        self.tokenizer = self.prompts.tokenizer
         # ranks 1.. of a tensor-parallel group: they build their shards while this process builds rank 0's
         self.workers = TensorParallelWorkers(self.configs, source) if self.configs.tensor_parallel_size > 1 else None
         try:
@@ -114,16 +112,10 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------------------
     def tokenize(self, prompt: PromptType) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestError("this model has no tokenizer: give prompts as token ids")
-            return encode_prompt(self.tokenizer, prompt)
-        return list(prompt)
+        return self.prompts.tokenize(prompt)
 
     def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
-        if self.tokenizer is None:
-            raise RequestError("this model has no tokenizer, so no chat template")
-        return apply_chat_template(self.tokenizer, messages)
+        return self.prompts.chat_prompt_ids(messages)
 
     def add_request(
         self,
@@ -145,24 +137,7 @@ class LLMEngine:
         return request
 
     def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
-        max_len = self.configs.scheduler.max_model_len
-        if not ids:
-            raise RequestError("the prompt is empty")
-        if len(ids) > max_len:
-            raise RequestError(
-                f"the prompt has {len(ids)} tokens, more than the maximum context length {max_len} "
-                f"(by {len(ids) - max_len})"
-            )
-        vocab = self.model_config.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise RequestError(f"prompt token ids must be in [0, {vocab})")
-        max_num_seqs = self.configs.scheduler.max_num_seqs
-        if params.n > max_num_seqs:
-            # NOTE: the scheduler seats the n choices together: a larger n would wait forever, and block the
-            # queue behind it
-            raise RequestError(f"n must be at most {max_num_seqs}, the sequences this engine runs at once")
-        if params.stop_strings and self.tokenizer is None:
-            raise RequestError("stop strings need a tokenizer")
+        self.prompts.validate_prompt(ids, params)
 
     def _child_seed(self, request: Request, index: int) -> int:
         seed = request.params.seed if request.params.seed is not None else request.rng_seed

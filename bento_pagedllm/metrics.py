@@ -1,7 +1,8 @@
 """The engine's Prometheus metrics, registered through `bentoml.metrics` so they appear on /metrics.
 
-`EngineMetrics.observe_step` runs on the engine thread after every step (prometheus_client is
-thread-safe); it reads the scheduler's counts and the finished requests' timings. Every request the engine
+`EngineMetrics.observe` runs after every pass of the engine loop, on the thread that routes its outputs
+(prometheus_client is thread-safe), with the loop's report: the engine's counts, the tokens generated and
+the requests ended, with their timings. Every request the engine
 admits ends in exactly one of finished, aborted, timed out or failed, so after a run
 `finished + aborted + timed_out + failed` equals the requests admitted: nothing is lost without a count.
 `live_gauges` renders, at scrape time on the event loop, what only the event loop knows (open streams, tasks).
@@ -12,8 +13,7 @@ from __future__ import annotations
 import asyncio
 
 from .async_engine import AsyncLLMEngine, EngineObserver
-from .engine import LLMEngine
-from .outputs import RequestOutput
+from .engine_loop import EngineReport
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
                     1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -59,55 +59,32 @@ class EngineMetrics(EngineObserver):
         self.time_per_output_token = histogram("pagedllm_time_per_output_token_seconds",
                                                "Mean time per output token after the first, per request")
 
-    def observe_state(self, engine: LLMEngine) -> None:
-        scheduler, blocks = engine.scheduler, engine.block_manager
-        self.requests_running.set(scheduler.num_running)
-        self.requests_waiting.set(scheduler.num_waiting)
-        self.requests_unfinished.set(len(engine.requests))
-        self.kv_blocks_used.set(blocks.num_used_blocks)
-        self.kv_blocks_total.set(blocks.num_blocks)
-        queries, hits = blocks.prefix_query_tokens, blocks.prefix_hit_tokens
+    def observe(self, report: EngineReport) -> None:
+        stats = report.stats
+        self.requests_running.set(stats.num_running)
+        self.requests_waiting.set(stats.num_waiting)
+        self.requests_unfinished.set(stats.num_unfinished)
+        self.kv_blocks_used.set(stats.kv_blocks_used)
+        self.kv_blocks_total.set(stats.kv_blocks_total)
+        queries, hits = stats.prefix_query_tokens, stats.prefix_hit_tokens
         if (queries, hits) != self._prefix_seen:
             self.prefix_cache_queries.inc(queries - self._prefix_seen[0])
             self.prefix_cache_hits.inc(hits - self._prefix_seen[1])
             self._prefix_seen = (queries, hits)
-
-    def observe_step(self, engine: LLMEngine, outputs: list[RequestOutput]) -> None:
-        self.observe_state(engine)
-        plan = engine.last_plan
-        if plan is not None and plan.num_preempted:
-            self.preemptions.inc(plan.num_preempted)
-        # NOTE: tokens delivered, not rows sampled: with async scheduling a sequence that stopped has had
-        # one more row sampled, whose token was dropped
-        generated = sum(len(choice.delta_token_ids) for out in outputs for choice in out.outputs)
-        if generated:
-            self.generation_tokens.inc(generated)
-        for out in outputs:
-            if not out.finished:
-                continue
-            if out.error is not None:
-                self.requests_failed.inc()
-                continue
-            self.requests_finished.inc()
-            self.prompt_tokens.inc(len(out.prompt_token_ids))
-            m = out.metrics
-            if m is not None and m.first_token_time is not None:
-                self.time_to_first_token.observe(m.first_token_time - m.arrival_time)
-                generated = max(len(c.token_ids) for c in out.outputs)
-                if generated > 1 and m.finished_time is not None:
-                    self.time_per_output_token.observe((m.finished_time - m.first_token_time) / (generated - 1))
-
-    def observe_abort(self, engine: LLMEngine) -> None:
-        self.requests_aborted.inc()
-        self.observe_state(engine)
-
-    def observe_timeout(self, engine: LLMEngine) -> None:
-        self.requests_timed_out.inc()
-        self.observe_state(engine)
-
-    def observe_failure(self, engine: LLMEngine) -> None:
-        self.requests_failed.inc()
-        self.observe_state(engine)
+        for counter, count in ((self.preemptions, report.num_preempted),
+                               (self.generation_tokens, report.generated_tokens),
+                               (self.requests_finished, len(report.finished)),
+                               (self.requests_failed, report.num_failed),
+                               (self.requests_aborted, report.num_aborted),
+                               (self.requests_timed_out, report.num_timed_out)):
+            if count:
+                counter.inc(count)
+        for done in report.finished:
+            self.prompt_tokens.inc(done.prompt_tokens)
+            if done.time_to_first_token is not None:
+                self.time_to_first_token.observe(done.time_to_first_token)
+            if done.time_per_output_token is not None:
+                self.time_per_output_token.observe(done.time_per_output_token)
 
     def observe_rejection(self) -> None:
         self.requests_rejected.inc()

@@ -13,6 +13,7 @@
 | PAGEDLLM_SHUTDOWN_GRACE_SECONDS | 30 | on SIGTERM, how long running requests may still finish |
 | PAGEDLLM_MAX_BODY_BYTES | 4194304 | largest request body (413 past it) |
 | PAGEDLLM_STREAM_INTERVAL | 1 | a streamed answer is written once at least this many new tokens wait (or it ends) |
+| PAGEDLLM_ENGINE_PROCESS | auto | run the engine in a child process, off the HTTP worker's GIL (auto: on with CUDA) |
 | PAGEDLLM_FAULT_INJECTION_SEED | unset | test hook: requests with this `seed` fail inside the engine |
 | PAGEDLLM_FAULT_INJECTION_AFTER_TOKENS | 1 | ... at this generated token |
 | PAGEDLLM_DTYPE | auto | float32 / float16 / bfloat16 (auto: bf16 on CUDA, fp32 on CPU) |
@@ -73,7 +74,7 @@ _ENGINE_FIELDS = {
 _SERVICE_FIELDS = {
     "open_health_and_metrics": _parse_bool, "cors_allow_origins": _origins, "max_waiting_requests": int,
     "retry_after_seconds": int, "request_timeout_seconds": float, "shutdown_grace_seconds": float,
-    "max_body_bytes": int, "stream_interval": int,
+    "max_body_bytes": int, "stream_interval": int, "engine_process": _parse_bool,
 }
 
 
@@ -105,6 +106,10 @@ class ServiceSettings:
     # tracing, uvicorn), and the loop shares the GIL with the engine: with hundreds of streams that cost
     # bounds throughput (BENCHMARKS.md). Like vLLM's --stream-interval; 1 writes every step's tokens.
     stream_interval: int = 1
+    # NOTE: None (auto) runs the engine in its own process on CUDA, where the HTTP work of hundreds of
+    # streams would otherwise share one GIL with the engine (BENCHMARKS.md); on the CPU the engine's
+    # threads need the cores more than the HTTP work does.
+    engine_process: bool | None = None
     fault_injection: FaultInjection | None = None
     engine: dict = field(default_factory=dict)
 
@@ -151,6 +156,11 @@ class ServiceSettings:
 
     def engine_args(self, model_path: str) -> EngineArgs:
         return EngineArgs(model=model_path, **self.engine)
+
+    def use_engine_process(self, args: EngineArgs) -> bool:
+        if self.engine_process is not None:
+            return self.engine_process
+        return args.resolve_device().type == "cuda"
 
     @property
     def tensor_parallel_size(self) -> int:

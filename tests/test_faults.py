@@ -35,21 +35,11 @@ class CountingObserver(EngineObserver):
     def __init__(self) -> None:
         self.finished = self.aborted = self.timed_out = self.failed = self.rejected = 0
 
-    def observe_step(self, engine, outputs) -> None:
-        for out in outputs:
-            if out.finished and out.error is not None:
-                self.failed += 1
-            elif out.finished:
-                self.finished += 1
-
-    def observe_abort(self, engine) -> None:
-        self.aborted += 1
-
-    def observe_timeout(self, engine) -> None:
-        self.timed_out += 1
-
-    def observe_failure(self, engine) -> None:
-        self.failed += 1
+    def observe(self, report) -> None:
+        self.finished += len(report.finished)
+        self.failed += report.num_failed
+        self.aborted += report.num_aborted
+        self.timed_out += report.num_timed_out
 
     def observe_rejection(self) -> None:
         self.rejected += 1

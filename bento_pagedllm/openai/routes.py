@@ -236,9 +236,9 @@ class _Server:
         messages = _chat_messages(body)
         try:
             if len(messages) > MANY_MESSAGES or sum(len(m["content"]) for m in messages) > LONG_INPUT_CHARS:
-                ids = await asyncio.to_thread(engine.engine.chat_prompt_ids, messages)
+                ids = await asyncio.to_thread(engine.prompts.chat_prompt_ids, messages)
             else:
-                ids = engine.engine.chat_prompt_ids(messages)
+                ids = engine.prompts.chat_prompt_ids(messages)
         except TemplateError as error:
             raise OpenAIError(f"The chat template rejected the messages: {error}", param="messages") from None
         prompts = [_Prompt(ids, None)]
@@ -271,8 +271,8 @@ async def _tokenize(engine: AsyncLLMEngine, prompt: str | list[int]) -> _Prompt:
     if not isinstance(prompt, str):
         return _Prompt(list(prompt), None)
     if len(prompt) > LONG_INPUT_CHARS:
-        return _Prompt(await asyncio.to_thread(engine.engine.tokenize, prompt), prompt)
-    return _Prompt(engine.engine.tokenize(prompt), prompt)
+        return _Prompt(await asyncio.to_thread(engine.prompts.tokenize, prompt), prompt)
+    return _Prompt(engine.prompts.tokenize(prompt), prompt)
 
 
 def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
@@ -296,7 +296,7 @@ def _base_params(
         raise OpenAIError("logit_bias is not supported.", param="logit_bias")
     if body.stream_options is not None and not body.stream:
         raise OpenAIError("stream_options is only allowed when stream is true.", param="stream_options")
-    vocab = engine.engine.model_config.vocab_size
+    vocab = engine.prompts.model_config.vocab_size
     stop_token_ids = body.stop_token_ids or []
     if any(t >= vocab for t in stop_token_ids):
         raise OpenAIError(f"stop_token_ids must be in [0, {vocab}).", param="stop_token_ids")
@@ -330,7 +330,7 @@ def _fit_context(
     engine: AsyncLLMEngine, base: SamplingParams, prompts: list[_Prompt], max_tokens: int | None, noun: str
 ) -> list[SamplingParams]:
     """One SamplingParams per prompt, with its max_tokens (by default the rest of the context window)."""
-    limit = engine.engine.configs.scheduler.max_model_len
+    limit = engine.prompts.configs.scheduler.max_model_len
     params = []
     for prompt in prompts:
         used = len(prompt.token_ids)
@@ -356,7 +356,7 @@ def _fit_context(
             raise OpenAIError(f"min_tokens must be at most max_tokens ({budget}).", param="min_tokens")
         params_i = replace(base, max_tokens=budget)
         try:
-            engine.engine.validate_prompt(prompt.token_ids, params_i)
+            engine.prompts.validate_prompt(prompt.token_ids, params_i)
         except RequestError as error:
             raise OpenAIError(str(error), param=noun) from None
         params.append(params_i)

@@ -1,0 +1,58 @@
+"""The engine's front: what accepting a request needs (the model's limits, the tokenizer, the chat template),
+without the model. The engine owns one; when the engine runs in its own process (engine_process.py), the
+serving process builds its own from the same arguments, so it tokenizes and refuses bad requests itself.
+"""
+
+from __future__ import annotations
+
+from .config import EngineArgs, EngineConfigs
+from .loader import ModelSource, resolve_model
+from .sampling_params import SamplingParams
+from .tokenizer import apply_chat_template, encode_prompt, load_tokenizer
+
+PromptType = str | list[int]
+
+
+class RequestError(ValueError):
+    """A request the engine cannot serve (too long, bad token ids...): rejected before scheduling."""
+
+
+class PromptProcessor:
+    def __init__(self, args: EngineArgs) -> None:
+        self.source: ModelSource = resolve_model(args.model)
+        self.configs: EngineConfigs = args.create_configs(self.source.config, self.source.path)
+        self.model_config = self.configs.model
+        self.tokenizer = load_tokenizer(self.source.tokenizer_dir) if self.source.tokenizer_dir else None
+
+    def tokenize(self, prompt: PromptType) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer: give prompts as token ids")
+            return encode_prompt(self.tokenizer, prompt)
+        return list(prompt)
+
+    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError("this model has no tokenizer, so no chat template")
+        return apply_chat_template(self.tokenizer, messages)
+
+    def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        """Raise `RequestError` for a request the engine could not serve."""
+        max_len = self.configs.scheduler.max_model_len
+        if not ids:
+            raise RequestError("the prompt is empty")
+        if len(ids) > max_len:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens, more than the maximum context length {max_len} "
+                f"(by {len(ids) - max_len})"
+            )
+        vocab = self.model_config.vocab_size
+        if min(ids) < 0 or max(ids) >= vocab:
+            raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        max_num_seqs = self.configs.scheduler.max_num_seqs
+        if params.n > max_num_seqs:
+            # NOTE: the scheduler seats the n choices together: a larger n would wait forever, and block the
+            # queue behind it
+            raise RequestError(f"n must be at most {max_num_seqs}, the sequences this engine runs at once")
+        if params.stop_strings and self.tokenizer is None:
+            raise RequestError("stop strings need a tokenizer")

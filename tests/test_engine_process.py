@@ -1,0 +1,181 @@
+"""The engine in its own process (`AsyncLLMEngine(engine_process=True)`): the same outputs as the engine on a
+thread, rebuilt from deltas; aborts, time limits, failures and shutdown as in-process; a dead engine process
+fails every open stream instead of hanging them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from bento_pagedllm import AsyncLLMEngine, EngineArgs, SamplingParams
+from bento_pagedllm.async_engine import (
+    EngineObserver,
+    EngineShuttingDownError,
+    RequestFailedError,
+    RequestLimits,
+    RequestTimeoutError,
+)
+from bento_pagedllm.faults import FaultInjection
+
+pytestmark = pytest.mark.timeout(300)
+
+PARAMS = [
+    SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
+    SamplingParams(max_tokens=9, temperature=0.8, seed=7, logprobs=2),
+    SamplingParams(max_tokens=6, temperature=1.0, top_p=0.9, seed=3, n=2),
+    SamplingParams(max_tokens=20, temperature=0.0, stop=["e"], ignore_eos=True),
+]
+
+
+def engine_args(model_dir: str) -> EngineArgs:
+    return EngineArgs(model=model_dir, dtype="float32", device="cpu", num_kv_blocks=256, max_model_len=512,
+                      max_num_seqs=32, max_num_batched_tokens=512)
+
+
+class LastReport(EngineObserver):
+    """Keeps the engine's last counts and sums the requests it ended."""
+
+    def __init__(self) -> None:
+        self.stats = None
+        self.finished = self.aborted = self.timed_out = self.failed = 0
+
+    def observe(self, report) -> None:
+        self.stats = report.stats
+        self.finished += len(report.finished)
+        self.aborted += report.num_aborted
+        self.timed_out += report.num_timed_out
+        self.failed += report.num_failed
+
+    def idle(self) -> bool:
+        return self.stats is not None and self.stats.num_unfinished == 0 and self.stats.kv_blocks_used == 0
+
+
+async def eventually(condition, timeout: float = 20.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    return condition()
+
+
+@pytest.fixture(scope="module")
+def observer() -> LastReport:
+    return LastReport()
+
+
+@pytest.fixture(scope="module")
+def process_engine(tiny_llama3_dir, observer):
+    engine = AsyncLLMEngine(engine_args(tiny_llama3_dir), engine_process=True, observer=observer,
+                            token_hook=FaultInjection(seed=666, after_tokens=3))
+    engine.start()
+    yield engine
+    engine.shutdown()
+
+
+async def run_all(engine, prompts) -> list[list]:
+    """Every output of every request, the requests run concurrently."""
+    async def one(i, prompt, params):
+        return [out async for out in engine.generate(prompt, params, request_id=f"same-{i}")]
+    return await asyncio.gather(*(one(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, PARAMS))))
+
+
+def summary(outputs: list) -> list:
+    last = outputs[-1]
+    return [(c.index, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.cumulative_logprob,
+             None if c.logprobs is None else list(c.logprobs))
+            for c in last.outputs] + [last.prompt, last.prompt_token_ids, last.finished]
+
+
+async def test_outputs_equal_the_engine_on_a_thread(tiny_llama3_dir, process_engine):
+    prompts = ["The capital of France is", [5, 17, 42, 99, 3], "Once upon a time", "Here we go again"]
+    threaded = AsyncLLMEngine(engine_args(tiny_llama3_dir))
+    try:
+        expected = await run_all(threaded, prompts)
+    finally:
+        threaded.shutdown()
+    got = await run_all(process_engine, prompts)
+    for mine, theirs in zip(got, expected):
+        assert summary(mine) == summary(theirs)
+        assert len(mine) == len(theirs)  # one output per step, as in-process
+        for out in mine:  # the deltas add up to the cumulative outputs, step by step
+            for choice in out.outputs:
+                assert choice.text.endswith(choice.delta_text)
+                assert choice.token_ids[len(choice.token_ids) - len(choice.delta_token_ids):] == choice.delta_token_ids
+    assert [c.stop_reason for c in got[3][-1].outputs] == ["e"]
+
+
+async def test_cancelling_the_consumer_aborts_in_the_engine_process(process_engine, observer):
+    aborted = observer.aborted
+
+    async def consume_forever():
+        async for _ in process_engine.generate("Tell me everything", SamplingParams(max_tokens=400, ignore_eos=True)):
+            pass
+
+    task = asyncio.create_task(consume_forever())
+    assert await eventually(lambda: observer.stats is not None and observer.stats.kv_blocks_used > 0)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await eventually(lambda: observer.aborted == aborted + 1 and observer.idle())
+    assert process_engine.num_open_streams == 0
+
+
+async def test_a_failing_request_fails_alone(process_engine, observer):
+    failed = observer.failed
+    bad = process_engine.generate("Fail me", SamplingParams(max_tokens=10, seed=666, ignore_eos=True))
+    good = process_engine.generate("Not me", SamplingParams(max_tokens=10, seed=1, ignore_eos=True))
+
+    async def last(stream):
+        outputs = [out async for out in stream]
+        return outputs[-1]
+
+    results = await asyncio.gather(last(bad), last(good), return_exceptions=True)
+    assert isinstance(results[0], RequestFailedError) and "injected" in str(results[0])
+    assert results[1].finished and len(results[1].outputs[0].token_ids) == 10
+    assert observer.failed == failed + 1
+
+
+async def test_time_limit_and_shutdown(tiny_llama3_dir):
+    observer = LastReport()
+    engine = AsyncLLMEngine(engine_args(tiny_llama3_dir), engine_process=True, observer=observer,
+                            limits=RequestLimits(request_timeout_s=0.3))
+    child = engine._core.process
+    try:
+        with pytest.raises(RequestTimeoutError):
+            async for _ in engine.generate("Keep going", SamplingParams(max_tokens=10_000, ignore_eos=True)):
+                pass
+        assert observer.timed_out == 1 and await eventually(observer.idle)
+        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=400, ignore_eos=True))
+        assert (await stream.__anext__()).outputs[0].token_ids
+    finally:
+        await asyncio.to_thread(engine.shutdown)
+    with pytest.raises(EngineShuttingDownError):
+        async for _ in stream:
+            pass
+    assert child.exitcode == 0 and not engine.is_running
+
+
+async def test_a_dead_engine_process_fails_the_open_streams(tiny_llama3_dir):
+    engine = AsyncLLMEngine(engine_args(tiny_llama3_dir), engine_process=True)
+    engine.start()
+    try:
+        stream = engine.submit([1, 2, 3], SamplingParams(max_tokens=10_000, ignore_eos=True))
+        await stream.__anext__()
+        os.kill(engine._core.process.pid, signal.SIGKILL)
+        with pytest.raises(RuntimeError, match="exited unexpectedly"):
+            async for _ in stream:
+                pass
+        assert engine.dead_error is not None and not engine.is_running
+        with pytest.raises(RuntimeError, match="failed"):
+            engine.submit([1, 2, 3], SamplingParams(max_tokens=4))
+    finally:
+        engine.shutdown()
+
+
+def test_an_engine_that_cannot_be_built_raises_in_the_constructor(tiny_llama3_dir):
+    args = EngineArgs(model=tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=4, max_model_len=512)
+    with pytest.raises(RuntimeError, match="max_model_len"):
+        AsyncLLMEngine(args, engine_process=True)
