@@ -2,7 +2,8 @@
 # The GPU figures of BENCHMARKS.md, as run on the lent H200 from the source tree (no bentoml there:
 # wheels travel in .whl/ and .whl-bento/, made by `make gpu-wheels`). Usage: bash bench/h200_session.sh PART OUTDIR
 # (PART tp2 / tp4: tensor parallelism, on the 2- and 4-GPU kinds; online_interval: issue 5's online/offline
-# ratio at PAGEDLLM_STREAM_INTERVAL 1 and 4 in one call)
+# ratio at PAGEDLLM_STREAM_INTERVAL 1 and 4 in one call; engine_process: the same with the engine in its own
+# process and on the worker's thread)
 set -uo pipefail
 part=$1; out=$2; mkdir -p "$out"
 PY=${PY:-python3}
@@ -52,6 +53,25 @@ case $part in
     for interval in 1 4; do
       PAGEDLLM_STREAM_INTERVAL=$interval NO_WHEELS=1 RATES=requests bash "$0" online "$out/interval$interval" > "$out/interval$interval.log" 2>&1
       cp "$out/interval$interval/online_requests_llama2-7b.json" "$out/online_interval${interval}_llama2-7b.json"; done
+    ;;
+  engine_process)
+    # issue 5 in one call, stream interval 1: offline; online through HTTP with the engine in its own process
+    # (t=0, 20 and 40 req/s); then with the engine on the HTTP worker's thread (t=0), one server each
+    run serve_offline_llama2-7b 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    for mode in process thread; do rates=$([ $mode = process ] && echo "requests requests_rate20 requests_rate40" || echo requests)
+      PAGEDLLM_ENGINE_PROCESS=$([ $mode = process ] && echo true || echo false) NO_WHEELS=1 RATES="$rates" \
+        bash "$0" online "$out/$mode" > "$out/$mode.log" 2>&1
+      for f in "$out/$mode"/online_*.json; do cp "$f" "$out/${mode}_$(basename "$f")"; done; done
+    ;;
+  prefix)
+    # issue 5: a shared 1,000-token system prompt, 200 requests at 20 req/s, the engine in its own process
+    for pc in on off; do flag=$([ $pc = off ] && echo --no-prefix-caching)
+      run prefix_${pc} 80 $PY bench/serve.py --mode async --engine-process --shape llama2-7b --requests bench/data/requests_rate20.jsonl --limit 200 --shared-prefix-tokens 1000 --dtype bfloat16 $BIG $flag --out "$out/prefix_${pc}_llama2-7b.json"; done
+    ;;
+  offline_settings)
+    # issue 5: Llama-3-8B offline with the settings above and with vLLM's defaults (1024 seqs, 16384 tokens a step)
+    run serve_offline_llama3-8b 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama3-8b.json"
+    run serve_offline_llama3-8b_1024 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b_1024.json"
     ;;
   online)
     # a real `bentoml serve service:svc` with random weights of a shape (imported as a config-only model),

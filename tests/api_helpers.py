@@ -80,10 +80,12 @@ def error_of(response: httpx.Response, status: int) -> dict:
 
 
 async def call_asgi(app, path: str, payload: dict, *, disconnect_after: int | None = None,
-                    disconnect_delay: float | None = None, spec_version: str = "2.3", engine=None):
+                    disconnect_delay: float | None = None, spec_version: str = "2.3", engine=None,
+                    block_after_first_s: float = 0.0):
     """Call the ASGI app as a server would; the client goes away after `disconnect_after` body chunks (an
     `http.disconnect` with ASGI < 2.4, a failing send with 2.4; 0: before the response starts) or
-    `disconnect_delay` seconds.
+    `disconnect_delay` seconds. `block_after_first_s` blocks the event loop that long after the first body
+    chunk (a loop busy with other work).
     Returns (status, body chunks, engine requests running when each chunk was sent)."""
     body = json.dumps(payload).encode()
     gone = asyncio.Event()
@@ -112,6 +114,8 @@ async def call_asgi(app, path: str, payload: dict, *, disconnect_after: int | No
             status = message["status"]
         elif message.get("body"):
             chunks.append(message["body"])
+            if len(chunks) == 1 and block_after_first_s:
+                time.sleep(block_after_first_s)  # NOTE: blocking on purpose: the engine goes on meanwhile
             running.append(len(engine.engine.requests) if engine else None)
             if disconnect_after is not None and len(chunks) >= disconnect_after:
                 gone.set()

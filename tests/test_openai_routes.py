@@ -546,10 +546,25 @@ async def test_a_stream_interval_writes_fewer_times_and_the_same_events(engine, 
     (writes_1, events_1), (writes_4, events_4) = answers[1], answers[4]
     assert events_4 == events_1 and len(events_1) == 17 + 2  # 17 tokens, the finish chunk, [DONE]
     # interval 1: a write per token (the last with the finish chunk), then [DONE]; interval 4: the first
-    # token, 16 more in fours (the last with the finish chunk), then [DONE]
-    assert (writes_1, writes_4) == (17 + 1, 1 + 4 + 1)
+    # token, 16 more in fours (the last with the finish chunk), then [DONE]. NOTE: at most: outputs that
+    # queued while the loop was busy share a write
+    assert writes_4 <= 1 + 4 + 1 < writes_1 <= 17 + 1
     with pytest.raises(ValueError):
         mount(lambda: engine, stream_interval=0)
+
+
+async def test_outputs_queued_behind_a_busy_loop_share_one_write(engine, app):
+    """A loop that fell behind the engine writes what queued meanwhile at once (the same events)."""
+    payload = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 17, "temperature": 0,
+               "ignore_eos": True, "stream": True}
+    def choices(writes):
+        return [e if e == "[DONE]" else e["choices"] for e in sse_events(b"".join(writes).decode())]
+
+    _, plain, _ = await call_asgi(app, "/completions", payload)
+    status, writes, _ = await call_asgi(app, "/completions", payload, block_after_first_s=1.0)
+    assert status == 200 and choices(writes) == choices(plain)
+    # the first token, everything generated while the loop was blocked (the rest, with the finish), [DONE]
+    assert len(writes) == 3, [w[:60] for w in writes]
 
 
 def test_the_stream_interval_setting():

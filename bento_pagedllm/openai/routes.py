@@ -380,6 +380,7 @@ class _JobStreams:
 
     def __init__(self, engine: AsyncLLMEngine, job: _Job) -> None:
         self.streams: list[RequestStream] = []
+        self._merged: asyncio.Queue | None = None  # the outputs of several streams, while outputs() runs
         try:
             for i, (prompt, params) in enumerate(zip(job.prompts, job.params)):
                 self.streams.append(engine.submit(prompt.token_ids, params, request_id=f"{job.id}-{i}"))
@@ -391,6 +392,11 @@ class _JobStreams:
         for stream in self.streams:
             stream.close()
 
+    def has_pending(self) -> bool:
+        """Outputs queued already: a consumer that fell behind the engine can fold them into one write."""
+        return any(not stream.queue.empty() for stream in self.streams) or (
+            self._merged is not None and not self._merged.empty())
+
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """The outputs of all streams as they come (run concurrently), as (prompt index, output)."""
         if len(self.streams) == 1:  # NOTE: the common case: no pump task and queue, one hop less per step
@@ -401,6 +407,7 @@ class _JobStreams:
                 self.close()
             return
         queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+        self._merged = queue
 
         async def pump(i: int, stream: RequestStream) -> None:
             try:
@@ -513,8 +520,8 @@ async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_u
     """The stream as OpenAI sends it: per choice an opening chunk (chat: the role), its deltas as generated, a
     chunk with its finish_reason; then the usage chunk if asked for, then [DONE]. A failure (the engine's, a
     timeout, a shutdown) ends the stream with an error event instead of [DONE]. After the first tokens,
-    chunks are written once `stream_interval` new tokens wait or a choice finished (each step's chunk stays
-    its own event)."""
+    chunks are written once `stream_interval` new tokens wait or a choice finished, and no more outputs are
+    queued (each step's chunk stays its own event)."""
 
     # NOTE: every chunk shares its envelope, so it is serialised once and each chunk encodes only its choice
     # (the bytes are those of json.dumps of the whole payload, keys in OpenAI's order)
@@ -552,9 +559,10 @@ async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_u
                         completion_tokens += len(choice.token_ids)
                         events.append(chunk(fmt.finish(index, _finish_reason(choice))))
                 # NOTE: each write is a trip through the ASGI stack (BentoML's middlewares, its tracing,
-                # uvicorn) on the loop that shares the GIL with the engine, hence the interval; the first
-                # tokens go out at once whatever it is (time to first token)
-                due = waiting_tokens >= stream_interval or finishing or first
+                # uvicorn), hence the interval; the first tokens go out at once whatever it is (time to first
+                # token). Outputs queued already are folded into the same write: a loop that fell behind the
+                # engine catches up in fewer writes (vLLM's output collector does the same).
+                due = (waiting_tokens >= stream_interval or finishing or first) and not streams.has_pending()
                 if events and due:
                     yield "".join(events)
                     events, waiting_tokens, finishing, first = [], 0, False, False
