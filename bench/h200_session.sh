@@ -73,6 +73,14 @@ case $part in
     run serve_offline_llama3-8b 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama3-8b.json"
     run serve_offline_llama3-8b_1024 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b_1024.json"
     ;;
+  vllm_settings)
+    # issue 5: where a mixed step's time goes; then Llama-2-7B offline and online (engine process) with vLLM's
+    # defaults (1024 seqs, 16384 tokens a step; decode graphs up to 512)
+    run mixed_step 120 $PY bench/mixed_step.py --shape llama2-7b --out "$out/mixed_step_llama2-7b.json"
+    run serve_offline_llama2-7b_1024 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama2-7b_1024.json"
+    SEQS=1024 TOKENS=16384 GRAPH=512 NO_WHEELS=1 RATES="requests requests_rate20 requests_rate40" bash "$0" online "$out/online1024" > "$out/online1024.log" 2>&1
+    for f in "$out"/online1024/online_*.json; do cp "$f" "$out/1024_$(basename "$f")"; done
+    ;;
   online)
     # a real `bentoml serve service:svc` with random weights of a shape (imported as a config-only model),
     # then streaming OpenAI requests at t=0 and at Poisson rates; SHAPE and LIMIT override for a smoke test
@@ -81,7 +89,7 @@ case $part in
     dir=$($PY -c "import sys; sys.path.insert(0, 'bench'); from serve import shape_dir; print(shape_dir('$shape'))")
     $PY -m bento_pagedllm.loader.store "$dir" --name "$shape" > "$out/import.log" 2>&1
     PAGEDLLM_MODEL=$shape PAGEDLLM_LOAD_FORMAT=dummy PAGEDLLM_MAX_NUM_SEQS=${SEQS:-512} \
-      PAGEDLLM_MAX_NUM_BATCHED_TOKENS=${TOKENS:-8192} PAGEDLLM_MAX_GRAPH_BATCH=${SEQS:-512} \
+      PAGEDLLM_MAX_NUM_BATCHED_TOKENS=${TOKENS:-8192} PAGEDLLM_MAX_GRAPH_BATCH=${GRAPH:-${SEQS:-512}} \
       $PY -m bentoml serve service:svc --port 3000 > "$out/server.log" 2>&1 &
     server=$!
     for _ in $(seq 240); do curl -sf localhost:3000/readyz > /dev/null && break; sleep 1; done
