@@ -1,5 +1,6 @@
 """Where a mixed step's time goes: the eager forward (no CUDA graph) of B decoding sequences plus one new
-prompt of P tokens, against the device time of the same work and against a decode-only graph replay.
+prompt of P tokens, against the device time of the same work and against the replay of its CUDA graph
+(decode graphs; mixed-step graphs up to `max_mixed_graph_tokens`), inputs uploaded included.
 
 Prints, per (B, P): the host's launch time (forward returns, nothing waited for), the device time (CUDA
 events), and the wall time to completion. A launch time above the device time means the step is bound by
@@ -50,7 +51,9 @@ def metadata(batch: int, prompt: int, context: int, block_size: int, device):
         decode_indices_host=tuple(decode),
     )
     ids = t([7] * starts[-1], torch.int64)
-    return ids, t(positions, torch.int64), meta, len(tables) * width
+    host = dict(input_ids=[7] * starts[-1], positions=positions, slots=slots, query_lens=query_lens,
+                seq_lens=seq_lens, tables=tables)
+    return ids, t(positions, torch.int64), meta, len(tables) * width, host
 
 
 def time_forward(model, args, runs: int) -> dict:
@@ -89,22 +92,28 @@ def main() -> None:
     from bento_pagedllm.config import EngineArgs
 
     engine = LLMEngine(EngineArgs(model=shape_dir(args.shape), load_format="dummy", dtype="bfloat16",
-                                  max_num_seqs=256, max_graph_batch=256, max_model_len=2048))
+                                  max_num_seqs=256, max_graph_batch=256, max_model_len=2048,
+                                  max_num_batched_tokens=8192))
     runner, model = engine.runner, engine.runner.model
     bs = engine.configs.cache.block_size
     rows = []
     for batch in map(int, args.batches.split(",")):
         for prompt in map(int, args.prompts.split(",")):
-            ids, positions, meta, blocks = metadata(batch, prompt, args.context, bs, runner.device)
+            ids, positions, meta, blocks, host = metadata(batch, prompt, args.context, bs, runner.device)
             if blocks > runner.num_blocks:
                 continue
             row = {"batch": batch, "prompt": prompt, "context": args.context, "tokens": int(ids.shape[0])}
             row.update(time_forward(model, (ids, positions, runner.kv_caches, meta), args.runs))
+            # the graphs replayed with the step's real inputs (the engine's path)
             if prompt == 0 and runner.graphs is not None and runner.graphs.fits(batch):
-                graphs = runner.graphs
-                size = next(s for s in graphs.sizes if s >= batch)
-                graph, _ = graphs.graphs[size, graphs.context_bounds[0]]
-                replay = time_forward(lambda *a: graph.replay(), (), args.runs)
+                replay = time_forward(lambda: runner.graphs.run(
+                    host["input_ids"], host["positions"], host["slots"], host["seq_lens"], host["tables"]), (),
+                    args.runs)
+                row.update({f"graph_{k}": v for k, v in replay.items()})
+            elif runner.mixed_graphs is not None and runner.mixed_graphs.fits(len(host["input_ids"]), batch + 1):
+                replay = time_forward(lambda: runner.mixed_graphs.run(
+                    host["input_ids"], host["positions"], host["slots"], host["query_lens"], host["seq_lens"],
+                    host["tables"]), (), args.runs)
                 row.update({f"graph_{k}": v for k, v in replay.items()})
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -92,7 +92,9 @@ def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | No
         ttft.append(m.first_token_time - m.arrival_time)
         decode.append((NEW - 1) / (m.finished_time - m.first_token_time))
     graphs = llm.engine.runner.graphs
+    mixed = llm.engine.runner.mixed_graphs
     result = {"startup_s": startup, "graph_capture_s": graphs.capture_seconds if graphs else None,
+              "mixed_graph_capture_s": mixed.capture_seconds if mixed else None,
               "ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode),
               "async_scheduling": llm.engine.configs.async_scheduling}
     # where a step's time goes: the device's busy time per step and its idle time between steps

@@ -197,6 +197,11 @@ class DeviceConfig:
     seed: int = 0
 
 
+# NOTE: a mixed graph's attention launches a program per KV head for every sequence slot it was captured
+# with, used or not (the spare ones exit at once): a bound on that waste.
+MAX_MIXED_GRAPH_SEQS = 256
+
+
 @dataclass(frozen=True)
 class EngineConfigs:
     model: ModelConfig
@@ -206,6 +211,8 @@ class EngineConfigs:
     model_path: str
     load_format: str
     cuda_graph_max_batch: int = 0  # decode graphs for batches up to this size; 0: none (CPU, eager)
+    cuda_graph_max_mixed_tokens: int = 0  # mixed-step graphs for steps up to this many tokens; 0: none
+    cuda_graph_max_mixed_seqs: int = 0  # ... and up to this many sequences
     async_scheduling: bool = False  # plan and launch step N+1 before reading step N's tokens
     tensor_parallel_size: int = 1  # processes (one device each) the heads and vocabulary are split over
     native_cpu_ops: bool = True  # CPU, float32: fused native operators (kernels/cpu_ops.cpp), not torch's
@@ -235,6 +242,10 @@ class EngineArgs:
     seed: int = 0
     enforce_eager: bool = False  # on CUDA: no decode graphs (debugging, or to save capture time)
     max_graph_batch: int = 256
+    # On CUDA: mixed steps (prefill chunks with decodes) of up to this many tokens, and up to
+    # `max_graph_batch` (at most 256) sequences, replayed from CUDA graphs too; bigger ones run eagerly,
+    # where the device's work hides the launches (bench/mixed_step.py). 0: none.
+    max_mixed_graph_tokens: int = 512
     # Plan and launch each step before the previous step's tokens reach the host, so the device never
     # waits for the host's bookkeeping. None: on where it pays (CUDA), off on the CPU (whose kernels run
     # in the calling thread, so there is nothing to overlap).
@@ -272,6 +283,7 @@ class EngineArgs:
             )
         batched = self.max_num_batched_tokens or max(2048, min(max_model_len, 8192))
         self.validate_tensor_parallel(model_config, device)
+        graphs = device.type == "cuda" and not self.enforce_eager
         return EngineConfigs(
             model=model_config,
             cache=CacheConfig(
@@ -289,8 +301,9 @@ class EngineArgs:
             device=DeviceConfig(device=device, dtype=self.resolve_dtype(device), seed=self.seed),
             model_path=model_path,
             load_format=self.load_format,
-            cuda_graph_max_batch=min(self.max_num_seqs, self.max_graph_batch)
-            if device.type == "cuda" and not self.enforce_eager else 0,
+            cuda_graph_max_batch=min(self.max_num_seqs, self.max_graph_batch) if graphs else 0,
+            cuda_graph_max_mixed_tokens=min(batched, self.max_mixed_graph_tokens) if graphs else 0,
+            cuda_graph_max_mixed_seqs=min(self.max_num_seqs, self.max_graph_batch, MAX_MIXED_GRAPH_SEQS),
             async_scheduling=device.type == "cuda" if self.async_scheduling is None else self.async_scheduling,
             tensor_parallel_size=self.tensor_parallel_size,
             native_cpu_ops=self.native_cpu_ops,

@@ -1,8 +1,11 @@
-"""Decode steps replayed from CUDA graphs: one graph per batch size of a ladder, padded up to the next.
+"""Steps replayed from CUDA graphs: decode steps, one graph per batch size of a ladder, padded up to the
+next; and small mixed steps (prefill chunks with decodes), one graph per token count of a ladder.
 
-A decode step of a small model is hundreds of kernel launches whose host-side cost (Triton's launcher
-especially) dwarfs the GPU time; replaying a captured graph costs one launch. Every graph reads its
-inputs from the same static buffers, which the runner fills before each replay.
+A step of the model is hundreds of kernel launches whose host-side cost (Triton's launcher especially)
+exceeds the GPU time of all but big steps: on an H200 the Llama-2-7B forward takes the host 11 to 17 ms to
+launch, eagerly, against 4 to 11 ms of device work for up to ~500 tokens (bench/mixed_step.py); replaying a
+captured graph costs one launch. Every graph reads its inputs from static buffers, which the runner
+fills before each replay.
 
 NOTE: invariants that make a padded replay safe:
 - padding rows have slot -1 (the cache write skips them), context length 1 and position 0, and their
@@ -12,6 +15,11 @@ NOTE: invariants that make a padded replay safe:
   small model's attention time) and one for contexts up to `max_model_len` (split count chosen for that
   length), and a step replays the first whose bound covers its longest context;
 - the KV cache is allocated before capture and never reallocated (graphs hold its addresses).
+Mixed graphs (MixedGraphs) pad the same way, and their attention is the varlen prefill kernel's:
+- the step's sequences come first; a padding sequence owns the padding tokens (slot -1, its context is its
+  own queries, read through a table row of valid block ids), and the rest of the captured sequence slots
+  hold no queries and no context (each owns one spare tile of the kernel's flat grid, which exits);
+- the kernel's grid and tiles were fixed at capture for the graph's token count and sequence capacity.
 """
 
 from __future__ import annotations
@@ -38,6 +46,46 @@ def batch_size_ladder(max_batch: int) -> list[int]:
     return [s for s in sizes if s <= max_batch] or [1]
 
 
+def mixed_token_ladder(max_tokens: int) -> list[int]:
+    """Token counts of the mixed graphs: 32, 64, ... up to `max_tokens` (padding under 32 tokens, which costs
+    little: below a few hundred rows a 7B step is bound by its weights, not by its tokens)."""
+    return list(range(32, max_tokens + 1, 32))
+
+
+def _capture(model, args, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    for _ in range(2):  # warm-up: compiles the kernels, settles the allocator
+        model(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = model(*args)
+    return graph, out
+
+
+class _StaticInputs:
+    """Device buffers the graphs read, with pinned host twins, so each step's inputs go up asynchronously.
+
+    NOTE: the host twins are rewritten only after the device has read them for the previous step.
+    """
+
+    def __init__(self, device: torch.device, **shapes: tuple[tuple[int, ...], int, torch.dtype]) -> None:
+        for name, (shape, fill, dtype) in shapes.items():
+            setattr(self, name, torch.full(shape, fill, dtype=dtype, device=device))
+        self.host = {name: torch.zeros_like(getattr(self, name), device="cpu").pin_memory() for name in shapes}
+        self.copied = torch.cuda.Event()
+
+    def upload(self, name: str, values: list[int]) -> None:
+        """buffer[:len(values)] = values, through the pinned twin."""
+        n = len(values)
+        self.host[name][:n].copy_(torch.tensor(values, dtype=self.host[name].dtype))
+        getattr(self, name)[:n].copy_(self.host[name][:n], non_blocking=True)
+
+    def upload_tables(self, tables: list[list[int]]) -> None:
+        n, width = len(tables), len(tables[0])
+        self.host["block_tables"][:n, :width].copy_(torch.tensor(tables, dtype=torch.int32))
+        self.block_tables[:n, :width].copy_(self.host["block_tables"][:n, :width], non_blocking=True)
+
+
 class DecodeGraphs:
     def __init__(self, model, kv_caches, *, max_batch: int, max_model_len: int, block_size: int,
                  device: torch.device) -> None:
@@ -48,23 +96,18 @@ class DecodeGraphs:
         top = self.sizes[-1]
         max_blocks = -(-max_model_len // block_size)
 
-        def buffer(*shape, fill=0, dtype=torch.int32):
-            return torch.full(shape, fill, dtype=dtype, device=device)
-
-        # device buffers the graphs read; pinned host twins so each step's inputs go up asynchronously
-        self.input_ids = buffer(top, dtype=torch.int64)
-        self.positions = buffer(top, dtype=torch.int64)
-        self.slot_mapping = buffer(top, fill=-1, dtype=torch.int64)
-        self.seq_lens = buffer(top, fill=1)
-        self.block_tables = buffer(top, max_blocks)
-        self.host = {name: torch.zeros_like(getattr(self, name), device="cpu").pin_memory()
-                     for name in ("input_ids", "positions", "slot_mapping", "seq_lens", "block_tables")}
+        self.inputs = inputs = _StaticInputs(
+            device, input_ids=((top,), 0, torch.int64), positions=((top,), 0, torch.int64),
+            slot_mapping=((top,), -1, torch.int64), seq_lens=((top,), 1, torch.int32),
+            block_tables=((top, max_blocks), 0, torch.int32),
+        )
+        self.input_ids, self.positions, self.slot_mapping = inputs.input_ids, inputs.positions, inputs.slot_mapping
+        self.seq_lens, self.block_tables = inputs.seq_lens, inputs.block_tables
         self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(top, dtype=torch.int64, device=device)
-        # NOTE: the host twins are rewritten only after the device has read them for the previous step
-        self.inputs_copied = torch.cuda.Event()
         self.context_bounds = sorted({min(SHORT_CONTEXT, max_model_len), max_model_len})
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
         self.capture_seconds = 0.0
 
     def _metadata(self, batch: int, context_bound: int) -> AttentionMetadata:
@@ -90,14 +133,10 @@ class DecodeGraphs:
             for bound in reversed(self.context_bounds):
                 meta = self._metadata(batch, bound)
                 args = (self.input_ids[:batch], self.positions[:batch], self.kv_caches, meta)
-                for _ in range(2):  # warm-up: compiles the kernels, settles the allocator
-                    self.model(*args)
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    out = self.model(*args)
+                graph, out = _capture(self.model, args, pool)
                 pool = graph.pool()
                 self.graphs[batch, bound] = (graph, out)
+        self.pool = pool  # NOTE: the mixed graphs are captured into it too
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
         logger.info("captured %d decode graphs (batch 1..%d, contexts up to %s) in %.1f s", len(self.graphs),
@@ -111,26 +150,123 @@ class DecodeGraphs:
         """One decode step of n sequences: [n, hidden] (before the final norm) from the padded graph.
         `pending` (PendingInputs) fills the input ids still on the device."""
         n = len(input_ids)
-        self.inputs_copied.synchronize()
+        self.inputs.copied.synchronize()
         batch = next(size for size in self.sizes if size >= n)
-        width = len(block_tables[0])
         pad = batch - n
         # NOTE: padding rows write nowhere (slot -1) and attend to one token at position 0
-        values = {
-            "input_ids": input_ids + [0] * pad,
-            "positions": positions + [0] * pad,
-            "slot_mapping": slot_mapping + [-1] * pad,
-            "seq_lens": seq_lens + [1] * pad,
-        }
-        for name, row in values.items():
-            self.host[name][:batch].copy_(torch.tensor(row, dtype=self.host[name].dtype))
-            getattr(self, name)[:batch].copy_(self.host[name][:batch], non_blocking=True)
-        self.host["block_tables"][:n, :width].copy_(torch.tensor(block_tables, dtype=torch.int32))
-        self.block_tables[:n, :width].copy_(self.host["block_tables"][:n, :width], non_blocking=True)
-        self.inputs_copied.record()
+        self.inputs.upload("input_ids", input_ids + [0] * pad)
+        self.inputs.upload("positions", positions + [0] * pad)
+        self.inputs.upload("slot_mapping", slot_mapping + [-1] * pad)
+        self.inputs.upload("seq_lens", seq_lens + [1] * pad)
+        self.inputs.upload_tables(block_tables)
+        self.inputs.copied.record()
         if pending is not None:
             pending.apply(self.input_ids)
         bound = next(b for b in self.context_bounds if b >= max(seq_lens))
         graph, out = self.graphs[batch, bound]
         graph.replay()
         return out[:n]
+
+
+class MixedGraphs:
+    """Small mixed steps (any mix of prefill chunks and decodes, up to `max_tokens` tokens and `max_seqs`
+    sequences) replayed from graphs of the varlen forward, one per token count of `mixed_token_ladder`."""
+
+    def __init__(self, model, kv_caches, *, max_tokens: int, max_seqs: int, max_model_len: int, block_size: int,
+                 pool, device: torch.device) -> None:
+        self.model = model
+        self.kv_caches = kv_caches
+        self.sizes = mixed_token_ladder(max_tokens)
+        self.max_seqs = max_seqs
+        self.slots = max_seqs + 1  # NOTE: one more: the padding sequence
+        top = self.sizes[-1]
+        # NOTE: wide enough for any real context and for the padding sequence's (at most `top` tokens)
+        self.width = -(-max(max_model_len, top) // block_size)
+        self.inputs = _StaticInputs(
+            device, input_ids=((top,), 0, torch.int64), positions=((top,), 0, torch.int64),
+            slot_mapping=((top,), -1, torch.int64), query_start_loc=((self.slots + 1,), 0, torch.int32),
+            seq_lens=((self.slots,), 0, torch.int32), block_tables=((self.slots, self.width), 0, torch.int32),
+        )
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = pool
+        self.capture_seconds = 0.0
+        self.replays = 0  # steps served (tests and benchmarks read it)
+
+    def metadata(self, num_tokens: int) -> AttentionMetadata:
+        """The graph's view of the buffers: `num_tokens` query tokens over all sequence slots; the host
+        tuples size the kernel (the longest query may be all the tokens) and route it to the prefill kernel."""
+        inputs = self.inputs
+        empty = inputs.slot_mapping[:0]
+        return AttentionMetadata(
+            slot_mapping=inputs.slot_mapping[:num_tokens],
+            query_start_loc=inputs.query_start_loc,
+            seq_lens=inputs.seq_lens,
+            block_tables=inputs.block_tables,
+            query_lens_host=(num_tokens,) + (0,) * (self.slots - 1),
+            seq_lens_host=(num_tokens,) + (0,) * (self.slots - 1),
+            decode_indices=empty,
+            decode_token_indices=empty,
+            decode_indices_host=(),
+        )
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        start = time.perf_counter()
+        # a valid state to capture with: sequence 0 owns every token, writes nowhere (slot -1)
+        for tokens in reversed(self.sizes):
+            self._fill([0] * tokens, [0] * tokens, [-1] * tokens, [tokens], [tokens], [[0]])
+            args = (self.inputs.input_ids[:tokens], self.inputs.positions[:tokens], self.kv_caches,
+                    self.metadata(tokens))
+            graph, out = _capture(self.model, args, self.pool)
+            self.pool = graph.pool()
+            self.graphs[tokens] = (graph, out)
+        torch.cuda.synchronize()
+        self.capture_seconds = time.perf_counter() - start
+        logger.info("captured %d mixed-step graphs (up to %d tokens, %d sequences) in %.1f s", len(self.graphs),
+                    self.sizes[-1], self.max_seqs, self.capture_seconds)
+
+    def fits(self, num_tokens: int, num_seqs: int) -> bool:
+        return num_tokens <= self.sizes[-1] and num_seqs <= self.max_seqs
+
+    def run(self, input_ids: list[int], positions: list[int], slot_mapping: list[int], query_lens: list[int],
+            seq_lens: list[int], block_tables: list[list[int]], pending=None) -> torch.Tensor:
+        """One mixed step: [num_tokens, hidden] (before the final norm) from the padded graph."""
+        self.inputs.copied.synchronize()
+        tokens = next(size for size in self.sizes if size >= len(input_ids))
+        self._fill(input_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, pad_to=tokens)
+        if pending is not None:
+            pending.apply(self.inputs.input_ids)
+        graph, out = self.graphs[tokens]
+        graph.replay()
+        self.replays += 1
+        return out[: len(input_ids)]
+
+    def _fill(self, input_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, pad_to=None) -> None:
+        padded = pad_mixed_step(input_ids, positions, slot_mapping, query_lens, seq_lens,
+                                num_tokens=pad_to or len(input_ids), num_slots=self.slots)
+        for name, values in padded.items():
+            self.inputs.upload(name, values)
+        # NOTE: the padding sequence's table row keeps whatever block ids it held: valid ones, only read
+        self.inputs.upload_tables(block_tables)
+        self.inputs.copied.record()
+
+
+def pad_mixed_step(input_ids: list[int], positions: list[int], slot_mapping: list[int], query_lens: list[int],
+                   seq_lens: list[int], *, num_tokens: int, num_slots: int) -> dict[str, list[int]]:
+    """A mixed step's inputs padded to `num_tokens` tokens and `num_slots` sequences (see the module's NOTE):
+    the padding tokens belong to sequence `len(query_lens)`, whose context is its own queries; the slots
+    after it hold no queries and no context."""
+    n_tokens, n_seqs = len(input_ids), len(query_lens)
+    pad = num_tokens - n_tokens
+    spare = num_slots - n_seqs - 1
+    assert pad >= 0 and spare >= 0, "the step does not fit the graph"
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    return {
+        "input_ids": input_ids + [0] * pad,
+        "positions": positions + [0] * pad,
+        "slot_mapping": slot_mapping + [-1] * pad,
+        "query_start_loc": starts + [num_tokens] * (spare + 1),
+        "seq_lens": seq_lens + [pad] + [0] * spare,
+    }

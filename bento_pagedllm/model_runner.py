@@ -100,14 +100,26 @@ class ModelRunner:
                 max_model_len=configs.scheduler.max_model_len, block_size=self.block_size, device=self.device,
             )
             self.graphs.capture()
+        self.mixed_graphs = None
+        if configs.cuda_graph_max_mixed_tokens >= 32:
+            from .cuda_graphs import MixedGraphs
+
+            # NOTE: captured after the decode graphs, into their memory pool
+            self.mixed_graphs = MixedGraphs(
+                model, self.kv_caches, max_tokens=configs.cuda_graph_max_mixed_tokens,
+                max_seqs=configs.cuda_graph_max_mixed_seqs, max_model_len=configs.scheduler.max_model_len,
+                block_size=self.block_size, pool=self.graphs.pool if self.graphs is not None else None,
+                device=self.device,
+            )
+            self.mixed_graphs.capture()
 
     def release_graphs(self) -> None:
-        """Drop the captured decode graphs (the runner replays no graph afterwards).
+        """Drop the captured graphs (the runner replays no graph afterwards).
 
         NOTE: NCCL holds resources for the collectives captured in a graph until the graph is destroyed,
         so a tensor-parallel rank releases its graphs before it leaves the group.
         """
-        self.graphs = None
+        self.graphs = self.mixed_graphs = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
@@ -132,6 +144,10 @@ class ModelRunner:
             # NOTE: every decode computes logits, in plan order: the graph's rows are the logit rows
             hidden = self.graphs.run(host.input_ids, host.positions, host.slots, host.seq_lens, host.tables,
                                      pending)
+        elif self.mixed_graphs is not None and self.mixed_graphs.fits(len(host.input_ids), len(plan.seqs)):
+            hidden = self.mixed_graphs.run(host.input_ids, host.positions, host.slots, host.query_lens,
+                                           host.seq_lens, host.tables, pending)
+            hidden = hidden[to_device(torch.tensor(host.logits_indices, dtype=torch.int64), self.device)]
         else:
             input_ids, positions, meta, logits_indices = self._device_inputs(host)
             if pending is not None:

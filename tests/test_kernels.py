@@ -13,6 +13,7 @@ from kernel_cases import (  # NOTE: conftest.py sets TRITON_INTERPRET=1 first wh
     attention_cases,
     check_backends_agree,
     check_decode,
+    check_padded_mixed_step,
     check_prefill,
     check_rms_norm,
     check_rotary_and_store_kv,
@@ -79,6 +80,16 @@ def test_paged_decode_matches_reference(case):
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=str)
 def test_paged_prefill_matches_reference(case):
     check_prefill(case, DEVICE)
+
+
+@pytest.mark.parametrize("case,num_tokens,num_slots", [
+    (prefill_case((50, 1, 140, 20, 33), (50, 1, 40, 3, 1)), 96, 9),  # 95 real tokens: one of padding
+    (prefill_case((61, 7, 130), (9, 7, 1), group=8, num_kv_heads=1, block_size=32, dtype=F16), 64, 4),
+    (prefill_case((5, 9), (1, 1)), 32, 3),  # decodes only, no spare slot
+    (prefill_case((30,), (30,)), 32, 2),  # a whole prompt and 2 padding tokens
+])
+def test_a_padded_mixed_step_gives_the_same_attention(case, num_tokens, num_slots):
+    check_padded_mixed_step(case, DEVICE, num_tokens, num_slots)
 
 
 @pytest.mark.parametrize("case", BACKEND_CASES, ids=str)

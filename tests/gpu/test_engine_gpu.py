@@ -52,7 +52,7 @@ def reference(model_dir, dtype):
     return out
 
 
-def run_engine(model_dir, dtype, **engine_kwargs):
+def run_engine(model_dir, dtype, stats: dict | None = None, **engine_kwargs):
     from bento_pagedllm import LLMEngine, EngineArgs, SamplingParams
 
     # a small cache and token budget: preemption and chunked prefill happen, as in the CPU parity tests
@@ -68,13 +68,20 @@ def run_engine(model_dir, dtype, **engine_kwargs):
                 final[out.request_id] = out.outputs[0]
     assert engine.scheduler.num_preemptions_total > 0
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    if stats is not None:
+        mixed = engine.runner.mixed_graphs
+        stats["mixed_replays"] = mixed.replays if mixed is not None else 0
     return [final[f"p{i}"] for i in range(len(LENGTHS))]
 
 
 def test_float32_greedy_matches_transformers_exactly(tiny_dir, monkeypatch):
-    ours = run_engine(tiny_dir, "float32")  # decode steps replay CUDA graphs
+    stats = {}
+    ours = run_engine(tiny_dir, "float32", stats)  # decode and mixed steps replay CUDA graphs
+    assert stats["mixed_replays"] > 0
     eager = run_engine(tiny_dir, "float32", enforce_eager=True)
     assert [o.token_ids for o in ours] == [o.token_ids for o in eager]
+    decode_graphs_only = run_engine(tiny_dir, "float32", max_mixed_graph_tokens=0)
+    assert [o.token_ids for o in decode_graphs_only] == [o.token_ids for o in eager]
     from bento_pagedllm import cuda_graphs
 
     # contexts here reach ~450 tokens: with a 256-token bound, both graph classes (one split, and split
