@@ -63,6 +63,12 @@ case $part in
         bash "$0" online "$out/$mode" > "$out/$mode.log" 2>&1
       for f in "$out/$mode"/online_*.json; do cp "$f" "$out/${mode}_$(basename "$f")"; done; done
     ;;
+  online_vs_offline)
+    # issue 5's ratio in one call: offline, then online through HTTP (engine process, t=0), both warmed up
+    run serve_offline_llama2-7b 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    NO_WHEELS=1 RATES=requests bash "$0" online "$out/process" > "$out/process.log" 2>&1
+    cp "$out/process/online_requests_llama2-7b.json" "$out/process_online_requests_llama2-7b.json"
+    ;;
   prefix)
     # issue 5: a shared 1,000-token system prompt, 200 requests at 20 req/s, the engine in its own process
     for pc in on off; do flag=$([ $pc = off ] && echo --no-prefix-caching)
