@@ -96,13 +96,11 @@ class DecodeGraphs:
         top = self.sizes[-1]
         max_blocks = -(-max_model_len // block_size)
 
-        self.inputs = inputs = _StaticInputs(
+        self.inputs = _StaticInputs(
             device, input_ids=((top,), 0, torch.int64), positions=((top,), 0, torch.int64),
             slot_mapping=((top,), -1, torch.int64), seq_lens=((top,), 1, torch.int32),
             block_tables=((top, max_blocks), 0, torch.int32),
         )
-        self.input_ids, self.positions, self.slot_mapping = inputs.input_ids, inputs.positions, inputs.slot_mapping
-        self.seq_lens, self.block_tables = inputs.seq_lens, inputs.block_tables
         self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(top, dtype=torch.int64, device=device)
         self.context_bounds = sorted({min(SHORT_CONTEXT, max_model_len), max_model_len})
@@ -112,10 +110,10 @@ class DecodeGraphs:
 
     def _metadata(self, batch: int, context_bound: int) -> AttentionMetadata:
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:batch],
+            slot_mapping=self.inputs.slot_mapping[:batch],
             query_start_loc=self.query_start_loc[: batch + 1],
-            seq_lens=self.seq_lens[:batch],
-            block_tables=self.block_tables[:batch],
+            seq_lens=self.inputs.seq_lens[:batch],
+            block_tables=self.inputs.block_tables[:batch],
             query_lens_host=(1,) * batch,
             seq_lens_host=(context_bound,) * batch,
             decode_indices=self.rows[:batch],
@@ -132,7 +130,7 @@ class DecodeGraphs:
         for batch in reversed(self.sizes):
             for bound in reversed(self.context_bounds):
                 meta = self._metadata(batch, bound)
-                args = (self.input_ids[:batch], self.positions[:batch], self.kv_caches, meta)
+                args = (self.inputs.input_ids[:batch], self.inputs.positions[:batch], self.kv_caches, meta)
                 graph, out = _capture(self.model, args, pool)
                 pool = graph.pool()
                 self.graphs[batch, bound] = (graph, out)
@@ -161,7 +159,7 @@ class DecodeGraphs:
         self.inputs.upload_tables(block_tables)
         self.inputs.copied.record()
         if pending is not None:
-            pending.apply(self.input_ids)
+            pending.apply(self.inputs.input_ids)
         bound = next(b for b in self.context_bounds if b >= max(seq_lens))
         graph, out = self.graphs[batch, bound]
         graph.replay()

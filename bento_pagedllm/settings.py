@@ -103,8 +103,9 @@ class ServiceSettings:
     shutdown_grace_seconds: float = 30.0
     max_body_bytes: int = 4 << 20
     # NOTE: each SSE write costs the event loop a trip through the ASGI stack (BentoML's middlewares,
-    # tracing, uvicorn), and the loop shares the GIL with the engine: with hundreds of streams that cost
-    # bounds throughput (BENCHMARKS.md). Like vLLM's --stream-interval; 1 writes every step's tokens.
+    # tracing, uvicorn), and with the engine on the worker's thread the loop shares the GIL with it: with
+    # hundreds of streams that cost bounds throughput (BENCHMARKS.md). Like vLLM's --stream-interval; 1
+    # writes every step's tokens.
     stream_interval: int = 1
     # NOTE: None (auto) runs the engine in its own process on CUDA, where the HTTP work of hundreds of
     # streams would otherwise share one GIL with the engine (BENCHMARKS.md); on the CPU the engine's

@@ -567,6 +567,20 @@ async def test_outputs_queued_behind_a_busy_loop_share_one_write(engine, app):
     assert len(writes) == 3, [w[:60] for w in writes]
 
 
+def test_the_engine_process_setting():
+    """PAGEDLLM_ENGINE_PROCESS: unset means on with CUDA only; true and false override it."""
+    from bento_pagedllm import EngineArgs
+    from bento_pagedllm.settings import ServiceSettings
+
+    cpu, cuda = EngineArgs(model="m", device="cpu"), EngineArgs(model="m", device="cuda")
+    auto = ServiceSettings.from_env({})
+    assert auto.engine_process is None and not auto.use_engine_process(cpu) and auto.use_engine_process(cuda)
+    assert ServiceSettings.from_env({"PAGEDLLM_ENGINE_PROCESS": "true"}).use_engine_process(cpu)
+    assert not ServiceSettings.from_env({"PAGEDLLM_ENGINE_PROCESS": "false"}).use_engine_process(cuda)
+    with pytest.raises(ValueError, match="ENGINE_PROCESS"):
+        ServiceSettings.from_env({"PAGEDLLM_ENGINE_PROCESS": "sometimes"})
+
+
 def test_the_stream_interval_setting():
     from bento_pagedllm.settings import ServiceSettings
 
