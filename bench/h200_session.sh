@@ -37,6 +37,14 @@ case $part in
     run serve_offline_llama3-8b 60 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama3-8b.json"
     run single_stream_7b 200 $PY bench/single_stream.py --models llama2-7b --peers compile --runs 2 --out "$out/single_stream_llama2-7b.json"
     ;;
+  gemv)
+    # issue 4: the fused one-token GEMVs (kernels/gemv.py): the GPU tests first; the kernels against cuBLAS;
+    # then single stream with them (the default) and without (--no-fused-gemv), same machine
+    run gpu_tests 240 $PY -m pytest -q -x -p no:cacheprovider tests/gpu
+    run gemv 90 $PY bench/gemv.py --out "$out/gemv.json"
+    run single_stream 150 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --profile-dir "$out/prof" --out "$out/single_stream.json"
+    run single_stream_cublas 120 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --no-fused-gemv --out "$out/single_stream_cublas.json"
+    ;;
   tp2)
     # issue 7 on nvidia-h200-x2: Llama-3-8B shape, the 500-request workload on 1 GPU, then on 2 (target 1.7x)
     # (tp2, then tp2 with the peer-memory all-reduce for small messages, then 1 GPU)

@@ -32,9 +32,6 @@ class AttentionMetadata:
     decode_indices: torch.Tensor  # [num_decodes] int64: sequences with exactly one new token
     decode_token_indices: torch.Tensor  # [num_decodes] int64: their token positions in the batch
     decode_indices_host: tuple[int, ...]
-    # NOTE: set by the decode graphs of short contexts, whose length bound makes one split enough (no
-    # combine step); None lets the backend choose from seq_lens_host
-    decode_num_splits: int | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -217,6 +217,7 @@ class EngineConfigs:
     tensor_parallel_size: int = 1  # processes (one device each) the heads and vocabulary are split over
     native_cpu_ops: bool = True  # CPU, float32: fused native operators (kernels/cpu_ops.cpp), not torch's
     peer_all_reduce: bool = False  # CUDA tensor parallelism: small all-reduces through NVLink peer memory
+    fused_gemv: bool = True  # CUDA, 16-bit: one token's projections as fused Triton GEMVs (kernels/gemv.py)
 
 
 @dataclass
@@ -260,6 +261,10 @@ class EngineArgs:
     # (distributed/parallel_state.py::PeerAllReduce) instead of NCCL. Off: measured slower than NCCL alone
     # on 2 H200s (BENCHMARKS.md, tensor parallelism); kept for the latency-bound case it was built for.
     peer_all_reduce: bool = False
+    # On CUDA in 16 bits: a single token's projections (single-stream decode) as Triton GEMVs with the
+    # RMSNorm or SiLU-and-multiply before them fused in (kernels/gemv.py). False: cuBLAS and separate
+    # kernels, as for batches.
+    fused_gemv: bool = True
     hf_config_overrides: dict[str, Any] = field(default_factory=dict)
 
     def resolve_device(self) -> torch.device:
@@ -308,6 +313,7 @@ class EngineArgs:
             tensor_parallel_size=self.tensor_parallel_size,
             native_cpu_ops=self.native_cpu_ops,
             peer_all_reduce=self.peer_all_reduce,
+            fused_gemv=self.fused_gemv,
         )
 
     def validate_tensor_parallel(self, model_config: ModelConfig, device: torch.device) -> None:

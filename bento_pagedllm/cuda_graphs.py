@@ -11,9 +11,9 @@ NOTE: invariants that make a padded replay safe:
 - padding rows have slot -1 (the cache write skips them), context length 1 and position 0, and their
   outputs are dropped; they read valid (if stale) cache memory and never write it;
 - graphs were captured with the block-table width of `max_model_len`; each batch size has a graph for
-  contexts up to SHORT_CONTEXT (one split: decode attention needs no combine step, which is most of a
-  small model's attention time) and one for contexts up to `max_model_len` (split count chosen for that
-  length), and a step replays the first whose bound covers its longest context;
+  contexts up to SHORT_CONTEXT and one for contexts up to `max_model_len`, the decode attention's split
+  count chosen for that bound (fewer splits for short contexts: less for the last split to combine), and
+  a step replays the first whose bound covers its longest context;
 - the KV cache is allocated before capture and never reallocated (graphs hold its addresses).
 Mixed graphs (MixedGraphs) pad the same way, and their attention is the varlen prefill kernel's:
 - the step's sequences come first; a padding sequence owns the padding tokens (slot -1, its context is its
@@ -119,7 +119,6 @@ class DecodeGraphs:
             decode_indices=self.rows[:batch],
             decode_token_indices=self.rows[:batch],
             decode_indices_host=tuple(range(batch)),
-            decode_num_splits=1 if context_bound < self.max_model_len else None,
         )
 
     @torch.inference_mode()

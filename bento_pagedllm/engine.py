@@ -50,7 +50,7 @@ def build_model(configs: EngineConfigs, source: ModelSource | None,
     try:
         with torch.device(device):
             model = LlamaForCausalLM(configs.model, max_positions=configs.scheduler.max_model_len, device=device,
-                                     parallel=parallel)
+                                     parallel=parallel, fused_gemv=configs.fused_gemv)
     finally:
         torch.set_default_dtype(previous)
     # NOTE: rotary tables stay float32 whatever the model dtype, as in transformers.

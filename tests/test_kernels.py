@@ -13,6 +13,8 @@ from kernel_cases import (  # NOTE: conftest.py sets TRITON_INTERPRET=1 first wh
     attention_cases,
     check_backends_agree,
     check_decode,
+    check_gemv,
+    check_model_with_fused_projections,
     check_padded_mixed_step,
     check_prefill,
     check_rms_norm,
@@ -113,3 +115,17 @@ def test_rotary_and_kv_store_match_reference(num_heads, num_kv_heads, head_dim, 
 @pytest.mark.parametrize("intermediate", [96, 1536])  # 1536: SmolLM2's, two column blocks
 def test_silu_and_mul_matches_reference(intermediate, dtype):
     check_silu_and_mul(5, intermediate, dtype, DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("n,k,config", [
+    (37, 100, None),  # neither size a multiple of a tile
+    (64, 576, {"BLOCK_N": 8, "BLOCK_K": 128}),  # SmolLM2's width
+    (9, 130, {"BLOCK_N": 2, "BLOCK_K": 32}),
+])
+def test_one_token_projections_match_reference(n, k, config, dtype):
+    check_gemv(n, k, dtype, DEVICE, config)
+
+
+def test_a_model_step_with_fused_projections_matches_the_unfused_one():
+    check_model_with_fused_projections(DEVICE, F16)

@@ -39,6 +39,14 @@ class _ShardedLinear(nn.Module):
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight) if self.cpu_kernel is None else self.cpu_kernel(x)
 
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """This layer's communication after its matmul (none for a column-parallel layer), so a caller
+        that computes the matmul itself (a fused kernel) still gets the layer's full output."""
+        return partial
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reduce(self.matmul(x))
+
     @torch.no_grad()
     def use_cpu_kernel(self) -> None:
         """Swap the row-major weight for CpuLinear's layouts (see cpu_linear.py).
@@ -62,9 +70,6 @@ class ColumnParallelLinear(_ShardedLinear):
     def num_parts(self) -> int:
         return len(self.full_sizes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x)  # [num_tokens, sum(local_sizes)]
-
     @torch.no_grad()
     def weight_loader(self, tensor: torch.Tensor, part: int = 0) -> None:
         """tensor: the full checkpoint matrix of part `part`, [full_sizes[part], in_features]."""
@@ -84,9 +89,9 @@ class RowParallelLinear(_ShardedLinear):
 
     num_parts = 1
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [num_tokens, in_features / size] -> [num_tokens, out_features], summed over ranks
-        return self.parallel.all_reduce(self.matmul(x))
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        # partial: [num_tokens, out_features], this rank's share -> summed over ranks
+        return self.parallel.all_reduce(partial)
 
     @torch.no_grad()
     def weight_loader(self, tensor: torch.Tensor, part: int = 0) -> None:

@@ -7,9 +7,12 @@ occupancy (tuned for an H200: bf16, head_dim 128, block size 16, GQA 4):
   rows (the smallest MMA shape). NOTE: even multi-head attention (group 1, 15 of 16 rows wasted) goes
   through tl.dot: on an H200, Llama-2-7B shapes read the cache at 4.3 TB/s that way against 3.4 TB/s
   for a multiply-and-reduce in registers (64 x 2048 tokens; 3.5 against 2.0 for 1 x 32768).
-- the context is split across programs (flash-decoding), so that a small batch of long sequences still
-  fills the GPU's multiprocessors; each split leaves a partial (max, sum, unnormalised output) and a
-  second, small kernel combines them. With a single split the first kernel writes the output itself.
+- the context is split across programs (flash-decoding), so that a small batch, of long or short
+  sequences, still fills the GPU's multiprocessors; each split leaves a partial (max, sum, unnormalised
+  output), and the last split of a (sequence, KV head) to finish combines them: a per-pair counter,
+  incremented atomically by each split, tells it that it is last (and it resets the counter to zero for
+  the next launch). No second kernel: at batch 1 its launch cost as much as the attention (a 1.9 us
+  combine after 4.7 us, Llama-2-7B shape). With a single split the program writes the output directly.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import triton.language as tl
 
 from .attention_tile import LOG2E, attend_kv_tile, dot_precision
 
-# A split should read at least this many tokens, or the combine step costs more than the split saves.
-MIN_TOKENS_PER_SPLIT = 256
+# A split should read at least one tile of keys (_tile_config: 64 at head_dim 128).
+MIN_TOKENS_PER_SPLIT = 64
 MAX_SPLITS = 64
 
 
@@ -36,7 +39,8 @@ def _num_multiprocessors(device: torch.device) -> int:
 
 def choose_num_splits(max_seq_len: int, num_seqs: int, num_kv_heads: int, device: torch.device) -> int:
     """Splits per sequence: one when seqs x KV heads already fill two waves of multiprocessors, else
-    enough for about four waves, but never pieces shorter than MIN_TOKENS_PER_SPLIT.
+    enough for about four waves, but never pieces shorter than MIN_TOKENS_PER_SPLIT. (Splits beyond a
+    sequence's length are empty: they only count themselves in.)
 
     NOTE: measured on an H200 (bf16, Llama-3-8B shapes): 64 x 2048 tokens read 3.9 TB/s unsplit and less
     split; 8 x 4096 peaks near 8 splits (2.7 TB/s, 1.1 unsplit); 1 x 32768 near 64 (2.6 TB/s, 0.16).
@@ -62,8 +66,8 @@ def _tile_config(head_dim: int) -> tuple[int, int, int]:
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
-    qk_scale, num_splits, num_heads,
+    out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, counter_ptr,
+    qk_scale, num_splits, num_heads, num_kv_heads,
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_bt, stride_os, stride_oh,
@@ -75,8 +79,8 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     # NOTE: each sequence is cut into num_splits pieces of whole tiles; the last pieces may be empty
-    # (they leave max -inf and sum 0, which the combine step weighs as nothing).
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    num_filled = tl.cdiv(seq_len, split_len)  # the splits that hold keys: 1..num_splits
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N  # whole tiles need no mask
@@ -85,60 +89,70 @@ def _decode_split_kernel(
     dims = tl.arange(0, HEAD_DIM)
     row_valid = rows < GROUP
     heads = kv_head * GROUP + rows  # [GROUP_PAD]
-    q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
-                mask=row_valid[:, None], other=0.0)  # [GROUP_PAD, HEAD_DIM]
-    q_pos = tl.zeros([GROUP_PAD], tl.int32) + end - 1  # every row sees the whole split
+    # partials: [num_seqs, num_heads, num_splits(, HEAD_DIM)], contiguous
+    parts = (seq * num_heads + heads) * num_splits  # [GROUP_PAD], split 0 of each head
+    if split < num_filled:
+        q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
+                    mask=row_valid[:, None], other=0.0)  # [GROUP_PAD, HEAD_DIM]
+        q_pos = tl.zeros([GROUP_PAD], tl.int32) + end - 1  # every row sees the whole split
 
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for tile in range(start, full_end, BLOCK_N):
-        acc, m_i, l_i = attend_kv_tile(
-            acc, m_i, l_i, q, q_pos, tile, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
-            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, DOT_PRECISION,
-        )
-    if full_end < end:  # the ragged last tile
-        acc, m_i, l_i = attend_kv_tile(
-            acc, m_i, l_i, q, q_pos, full_end, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
-            stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
-            BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, DOT_PRECISION,
-        )
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+        for tile in range(start, full_end, BLOCK_N):
+            acc, m_i, l_i = attend_kv_tile(
+                acc, m_i, l_i, q, q_pos, tile, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, DOT_PRECISION,
+            )
+        if full_end < end:  # the ragged last tile
+            acc, m_i, l_i = attend_kv_tile(
+                acc, m_i, l_i, q, q_pos, full_end, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
+                stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
+                BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, DOT_PRECISION,
+            )
+        if SINGLE_SPLIT:
+            out = acc / l_i[:, None]
+            tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+        else:
+            part = parts + split
+            tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_valid[:, None])
+            tl.store(part_max_ptr + part, m_i, mask=row_valid)
+            tl.store(part_sum_ptr + part, l_i, mask=row_valid)
 
-    if SINGLE_SPLIT:
-        out = acc / l_i[:, None]
-        tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
-    else:
-        # partials: [num_seqs, num_heads, num_splits(, HEAD_DIM)], contiguous
-        part = (seq * num_heads + heads) * num_splits + split  # [GROUP_PAD]
-        tl.store(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_valid[:, None])
-        tl.store(part_max_ptr + part, m_i, mask=row_valid)
-        tl.store(part_sum_ptr + part, l_i, mask=row_valid)
+    if not SINGLE_SPLIT:
+        # NOTE: the atomic is acquire-release at GPU scope: this split's partial stores are visible before
+        # its count, and the last split, which reads every count, sees every partial
+        counter = counter_ptr + seq * num_kv_heads + kv_head
+        if tl.atomic_add(counter, 1) == num_splits - 1:
+            _combine_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, parts, num_filled, seq, heads,
+                            row_valid, dims, stride_os, stride_oh, GROUP_PAD, HEAD_DIM)
+            tl.store(counter, 0)  # ready for the next launch (the next layer)
 
 
 @triton.jit
-def _decode_combine_kernel(
-    part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr,
-    num_splits, num_heads, stride_os, stride_oh,
-    SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
-):
-    """out = sum_s exp2(m_s - M) * acc_s / sum_s exp2(m_s - M) * l_s, with M the max over splits."""
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    splits = tl.arange(0, SPLITS_PAD)
-    dims = tl.arange(0, HEAD_DIM)
-    split_valid = splits < num_splits
-    part = (seq * num_heads + head) * num_splits + splits  # [SPLITS_PAD]
-    m = tl.load(part_max_ptr + part, mask=split_valid, other=float("-inf"))
-    l = tl.load(part_sum_ptr + part, mask=split_valid, other=0.0)
-    # NOTE: split 0 is never empty (seq_len >= 1), so m_max is finite; empty splits weigh 0.
-    m_max = tl.max(m, axis=0)
-    weight = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)  # [SPLITS_PAD]
-    acc = tl.load(part_out_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=split_valid[:, None], other=0.0)
-    out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(l * weight, axis=0)  # [HEAD_DIM]
-    tl.store(out_ptr + seq * stride_os + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+def _combine_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, parts, num_filled, seq, heads, row_valid,
+                    dims, stride_os, stride_oh, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """out = sum_s exp2(m_s - M) * acc_s / sum_s exp2(m_s - M) * l_s over the filled splits, M their max.
+
+    NOTE: the partials are read through L2 (`.cg`): other programs wrote them, this SM's L1 may be stale.
+    """
+    m_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    for s in range(0, num_filled):
+        m_max = tl.maximum(m_max, tl.load(part_max_ptr + parts + s, mask=row_valid, other=0.0, cache_modifier=".cg"))
+    out = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
+    total = tl.zeros([GROUP_PAD], tl.float32)
+    for s in range(0, num_filled):
+        weight = tl.exp2(tl.load(part_max_ptr + parts + s, mask=row_valid, other=0.0, cache_modifier=".cg") - m_max)
+        total += weight * tl.load(part_sum_ptr + parts + s, mask=row_valid, other=0.0, cache_modifier=".cg")
+        acc = tl.load(part_out_ptr + (parts + s)[:, None] * HEAD_DIM + dims[None, :], mask=row_valid[:, None],
+                      other=0.0, cache_modifier=".cg")
+        out += acc * weight[:, None]
+    out = out / tl.where(row_valid, total, 1.0)[:, None]
+    tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
 def paged_decode_attention(
@@ -149,12 +163,14 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,  # [num_seqs] int32, context length including the new token (>= 1)
     scale: float,
     num_splits: int | None = None,
+    split_counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each sequence's newest token over its whole paged context: [num_seqs, heads, head_dim].
 
     num_splits=None derives the split count from the block tables' width (an upper bound on the longest
     context that needs no device sync); callers that know the lengths on the host pass
-    `choose_num_splits(max(seq_lens), ...)`.
+    `choose_num_splits(max(seq_lens), ...)`. `split_counters`: at least num_seqs x num_kv_heads int32
+    zeros, left zero after the call (a caller's persistent buffer saves a memset per call; None allocates).
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -172,26 +188,25 @@ def paged_decode_attention(
     block_n, num_warps, num_stages = _tile_config(head_dim)
     single = num_splits == 1
     if single:  # NOTE: unused by the kernel, but it needs pointers
-        part_out = part_max = part_sum = out
+        part_out = part_max = part_sum = counters = out
     else:
         part_out = torch.empty(num_seqs, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_max = torch.empty(num_seqs, num_heads, num_splits, dtype=torch.float32, device=q.device)
         part_sum = torch.empty_like(part_max)
+        counters = split_counters
+        if counters is None:
+            counters = torch.zeros(num_seqs * num_kv_heads, dtype=torch.int32, device=q.device)
+        assert counters.dtype == torch.int32 and counters.numel() >= num_seqs * num_kv_heads
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens,
-        out, part_out, part_max, part_sum,
-        scale * LOG2E, num_splits, num_heads,
+        out, part_out, part_max, part_sum, counters,
+        scale * LOG2E, num_splits, num_heads, num_kv_heads,
         q.stride(0), q.stride(1),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
         SINGLE_SPLIT=single, DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )
-    if not single:
-        _decode_combine_kernel[(num_seqs, num_heads)](
-            part_out, part_max, part_sum, out, num_splits, num_heads, out.stride(0), out.stride(1),
-            SPLITS_PAD=triton.next_power_of_2(num_splits), HEAD_DIM=head_dim, num_warps=4,
-        )
     return out
 
 

@@ -86,18 +86,18 @@ class LlamaDecoderLayer(nn.Module):
         """hidden: the previous layer's output, residual: the running sum before it (None at layer 0).
         Returns the same pair for the next layer (the add is fused into the next norm)."""
         num_tokens = hidden.shape[0]
-        hidden, residual = ops.add_rms_norm(hidden, residual, self.input_layernorm, self.eps)
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv, residual = ops.norm_and_project(hidden, residual, self.input_layernorm, self.eps, self.qkv_proj)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         # [num_tokens, num_heads / tp, head_dim] and [num_tokens, num_kv_heads / tp, head_dim]
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q = ops.rotary_and_store_kv(q, k, v, kv_cache, rotary_context, meta.slot_mapping)
         attn = backend.forward(q, kv_cache, meta, self.scale)  # [num_tokens, num_heads / tp, head_dim]
-        hidden = self.o_proj(attn.reshape(num_tokens, self.q_size))  # [num_tokens, hidden], all-reduced
-        hidden, residual = ops.add_rms_norm(hidden, residual, self.post_attention_layernorm, self.eps)
-        # gate_up: [num_tokens, 2 * intermediate / tp]; down_proj all-reduces to [num_tokens, hidden]
-        hidden = self.down_proj(ops.silu_and_mul(self.gate_up_proj(hidden)))
+        hidden = ops.project(attn.reshape(num_tokens, self.q_size), self.o_proj)  # [num_tokens, hidden], all-reduced
+        gate_up, residual = ops.norm_and_project(hidden, residual, self.post_attention_layernorm, self.eps,
+                                                 self.gate_up_proj)  # [num_tokens, 2 * intermediate / tp]
+        hidden = ops.activate_and_project(gate_up, self.down_proj)  # all-reduced to [num_tokens, hidden]
         return hidden, residual
 
 
@@ -119,12 +119,12 @@ _RENAMED = {
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device | None = None,
-                 parallel: ParallelConfig | None = None) -> None:
+                 parallel: ParallelConfig | None = None, fused_gemv: bool = True) -> None:
         super().__init__()
         self.config = config
         self.parallel = parallel = parallel or ParallelConfig()
         device = device or torch.device("cpu")
-        self.ops: TorchOps | TritonOps = ops_for(device)  # NOTE: prepare_for_cpu may swap in NativeCpuOps
+        self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv)  # NOTE: prepare_for_cpu may swap in NativeCpuOps
         self.backend = attention_backend_for(device)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, parallel) for _ in range(config.num_hidden_layers))
@@ -166,11 +166,14 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """hidden: [num_rows, hidden] (already only the rows that need logits) -> [num_rows, vocab] on
         rank 0, None on the other ranks (which send their vocabulary range to rank 0)."""
-        hidden = self.ops.add_rms_norm(hidden, None, self.norm, self.config.rms_norm_eps)[0]
-        matmul = self.cpu_lm_head if self.cpu_lm_head is not None else (
-            lambda x: nn.functional.linear(x, self.lm_head_weight)
-        )
-        return vocab_parallel_logits(hidden, matmul, self.config.vocab_size, self.parallel)
+        if self.cpu_lm_head is not None:
+            hidden = self.ops.add_rms_norm(hidden, None, self.norm, self.config.rms_norm_eps)[0]
+            return vocab_parallel_logits(hidden, self.cpu_lm_head, self.config.vocab_size, self.parallel)
+
+        def norm_and_matmul(x: torch.Tensor) -> torch.Tensor:  # [num_rows, hidden] -> this rank's logits
+            return self.ops.norm_and_matmul(x, None, self.norm, self.config.rms_norm_eps, self.lm_head_weight)[0]
+
+        return vocab_parallel_logits(hidden, norm_and_matmul, self.config.vocab_size, self.parallel)
 
     # ---- weights -------------------------------------------------------------------------------
     @torch.no_grad()

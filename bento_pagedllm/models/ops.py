@@ -41,7 +41,29 @@ def rotate_roll_apply(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tens
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
 
 
-class TorchOps:
+class ComposedOps:
+    """The projections with the operator before them, composed from the small operators; a device's ops
+    may fuse a pair into one kernel (TritonOps, for one token). `linear`: a sharded linear layer (its
+    `forward` includes its all-reduce); `weight`: a plain [out, in] matrix (the LM head)."""
+
+    def norm_and_project(self, x, residual, norm_weight, eps, linear):
+        """(linear(rms_norm(x + residual)), x + residual), the residual as in `add_rms_norm`."""
+        normed, residual = self.add_rms_norm(x, residual, norm_weight, eps)
+        return linear(normed), residual
+
+    def norm_and_matmul(self, x, residual, norm_weight, eps, weight: torch.Tensor):
+        normed, residual = self.add_rms_norm(x, residual, norm_weight, eps)
+        return F.linear(normed, weight), residual
+
+    def project(self, x, linear):
+        return linear(x)
+
+    def activate_and_project(self, gate_up, linear):
+        """linear(silu(gate) * up) over the fused gate/up projection's output."""
+        return linear(self.silu_and_mul(gate_up))
+
+
+class TorchOps(ComposedOps):
     def add_rms_norm(self, x, residual, weight, eps):
         """(rms_norm(x + residual), x + residual); with no residual yet, (rms_norm(x), x)."""
         total = x if residual is None else residual + x  # NOTE: the order transformers adds in
@@ -92,14 +114,44 @@ class NativeCpuOps(TorchOps):
         )
 
 
-class TritonOps:
-    """NOTE: imports Triton on first construction only, so the CPU path never needs it."""
+class TritonOps(ComposedOps):
+    """NOTE: imports Triton on first construction only, so the CPU path never needs it.
 
-    def __init__(self) -> None:
-        from ..kernels import activation, rms_norm as norm, rotary
+    With `fused_gemv`, a single token's 16-bit projections run as one Triton GEMV each with the norm or
+    the activation before them folded in (kernels/gemv.py): single-stream decode. Batches keep cuBLAS.
+    """
+
+    def __init__(self, fused_gemv: bool = True) -> None:
+        from ..kernels import activation, gemv, rms_norm as norm, rotary
 
         self._norm, self._fused_norm = norm.rms_norm, norm.fused_add_rms_norm
         self._rotary_store_kv, self.silu_and_mul = rotary.rotary_and_store_kv, activation.silu_and_mul
+        self._gemv = gemv
+        self.fused_gemv = fused_gemv
+
+    def _one_row(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        return self.fused_gemv and x.shape[0] == 1 and weight.dtype in (torch.float16, torch.bfloat16)
+
+    def norm_and_project(self, x, residual, norm_weight, eps, linear):
+        if not self._one_row(x, linear.weight):
+            return super().norm_and_project(x, residual, norm_weight, eps, linear)
+        out, residual = self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, linear.weight)
+        return linear.reduce(out), residual
+
+    def norm_and_matmul(self, x, residual, norm_weight, eps, weight):
+        if not self._one_row(x, weight):
+            return super().norm_and_matmul(x, residual, norm_weight, eps, weight)
+        return self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, weight)
+
+    def project(self, x, linear):
+        if not self._one_row(x, linear.weight):
+            return linear(x)
+        return linear.reduce(self._gemv.gemv(x, linear.weight))
+
+    def activate_and_project(self, gate_up, linear):
+        if not self._one_row(gate_up, linear.weight):
+            return super().activate_and_project(gate_up, linear)
+        return linear.reduce(self._gemv.silu_mul_gemv(gate_up, linear.weight))
 
     def add_rms_norm(self, x, residual, weight, eps):
         if residual is None:
@@ -113,8 +165,8 @@ class TritonOps:
         return self._rotary_store_kv(q, k, v, *kv_cache, slot_mapping, *context)
 
 
-def ops_for(device: torch.device) -> TorchOps | TritonOps:
-    return TritonOps() if device.type == "cuda" else TorchOps()
+def ops_for(device: torch.device, fused_gemv: bool = True) -> TorchOps | TritonOps:
+    return TritonOps(fused_gemv) if device.type == "cuda" else TorchOps()
 
 
 def attention_backend_for(device: torch.device):

@@ -13,6 +13,7 @@ from kernel_cases import (
     attention_cases,
     check_backends_agree,
     check_decode,
+    check_gemv,
     check_prefill,
     check_rms_norm,
     check_rotary_and_store_kv,
@@ -99,3 +100,14 @@ def test_rotary_and_kv_store_match_reference(num_heads, num_kv_heads, block_size
 @pytest.mark.parametrize("intermediate", [11008, 14336])  # Llama-2-7B's and Llama-3-8B's
 def test_silu_and_mul_matches_reference(intermediate, dtype):
     check_silu_and_mul(517, intermediate, dtype, "cuda")
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("n,k", [
+    (12288, 4096), (4096, 11008), (32000, 4096),  # Llama-2-7B's qkv, down projection and LM head
+    (6144, 4096), (128256, 4096),  # Llama-3-8B's qkv and LM head
+    (960, 576), (576, 1536), (49152, 576),  # SmolLM2's qkv, down projection and (tied) LM head
+])
+def test_one_token_projections_match_reference(n, k, dtype):
+    """The autotuned path the model takes (the tiles picked on the first call)."""
+    check_gemv(n, k, dtype, "cuda")

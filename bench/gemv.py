@@ -1,0 +1,75 @@
+"""One-token projections on the GPU: the fused Triton GEMVs (kernels/gemv.py) against cuBLAS
+(`F.linear`) and the copy bandwidth, for the matrices of single-stream decode.
+
+Each call is timed inside a CUDA graph (triton.testing.do_bench_cudagraph), so launch gaps do not count;
+bandwidth = the weight's bytes / time. The unfused line adds the separate RMSNorm or SiLU-and-multiply
+kernel the model launches before the matmul otherwise.
+
+    python bench/gemv.py --out bench/results/gemv.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton.testing
+
+from bento_pagedllm.kernels import activation, gemv, rms_norm
+from single_stream import copy_bandwidth
+
+# (name, N, K, prologue): the projections of Llama-2-7B, Llama-3-8B and SmolLM2-135M
+SHAPES = [
+    ("llama2-7b qkv", 12288, 4096, "norm"), ("llama2-7b o", 4096, 4096, "none"),
+    ("llama2-7b gate_up", 22016, 4096, "norm"), ("llama2-7b down", 4096, 11008, "silu"),
+    ("llama2-7b lm_head", 32000, 4096, "norm"),
+    ("llama3-8b qkv", 6144, 4096, "norm"), ("llama3-8b gate_up", 28672, 4096, "norm"),
+    ("llama3-8b down", 4096, 14336, "silu"), ("llama3-8b lm_head", 128256, 4096, "norm"),
+    ("smollm2 qkv", 960, 576, "norm"), ("smollm2 o", 576, 576, "none"), ("smollm2 gate_up", 3072, 576, "norm"),
+    ("smollm2 down", 576, 1536, "silu"), ("smollm2 lm_head", 49152, 576, "norm"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    dtype, eps = torch.bfloat16, 1e-5
+    bandwidth = copy_bandwidth()
+    rows = []
+    for name, n, k, prologue in SHAPES:
+        w = torch.randn(n, k, device="cuda", dtype=dtype) * k**-0.5
+        x = torch.randn(1, 2 * k if prologue == "silu" else k, device="cuda", dtype=dtype)
+        res, g = torch.randn(1, k, device="cuda", dtype=dtype), torch.ones(k, device="cuda", dtype=dtype)
+        if prologue == "norm":
+            fused = lambda: gemv.add_rms_norm_gemv(x, res, g, eps, w)  # noqa: E731
+            unfused = lambda: torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w)  # noqa: E731
+        elif prologue == "silu":
+            fused = lambda: gemv.silu_mul_gemv(x, w)  # noqa: E731
+            unfused = lambda: torch.nn.functional.linear(activation.silu_and_mul(x), w)  # noqa: E731
+        else:
+            fused = lambda: gemv.gemv(x, w)  # noqa: E731
+            unfused = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
+        fused()  # autotune outside the graph
+        weight_bytes = n * k * 2
+        row = {"name": name, "n": n, "k": k, "prologue": prologue, "weight_mb": weight_bytes / 1e6}
+        for label, fn in (("triton_fused", fused), ("cublas_unfused", unfused),
+                          ("cublas_matmul_only", lambda: torch.nn.functional.linear(x[:, :k], w))):
+            us = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+            row[f"{label}_us"] = us
+            row[f"{label}_tbs"] = weight_bytes / us / 1e6
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del w
+    configs = {str(key): str(cfg) for key, cfg in gemv._tuned_kernel.cache.items()}
+    result = {"copy_bandwidth_tbs": bandwidth / 1e12, "gpu": torch.cuda.get_device_name(), "rows": rows,
+              "tuned_configs": configs}
+    print(json.dumps(configs, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
