@@ -2,8 +2,9 @@
 (`F.linear`) and the copy bandwidth, for the matrices of single-stream decode.
 
 Each call is timed inside a CUDA graph (triton.testing.do_bench_cudagraph), so launch gaps do not count;
-bandwidth = the weight's bytes / time. The unfused line adds the separate RMSNorm or SiLU-and-multiply
-kernel the model launches before the matmul otherwise.
+bandwidth = the weight's bytes / time. The fused line is each kernel as the model calls it (the norm's
+input already the residual sum; o and down adding the residual to their output); the unfused line is
+cuBLAS plus the separate RMSNorm-with-residual-add or SiLU-and-multiply kernel the model launches otherwise.
 
     python bench/gemv.py --out bench/results/gemv.json
 """
@@ -20,7 +21,7 @@ from bento_pagedllm.kernels import activation, gemv, rms_norm
 from single_stream import copy_bandwidth
 
 # (name, N, K, prologue): the projections of Llama-2-7B, Llama-3-8B and SmolLM2-135M
-SHAPES = [
+SHAPES = [  # NOTE: the LM head's norm has no residual to add either
     ("llama2-7b qkv", 12288, 4096, "norm"), ("llama2-7b o", 4096, 4096, "none"),
     ("llama2-7b gate_up", 22016, 4096, "norm"), ("llama2-7b down", 4096, 11008, "silu"),
     ("llama2-7b lm_head", 32000, 4096, "norm"),
@@ -41,15 +42,17 @@ def main() -> None:
     for name, n, k, prologue in SHAPES:
         w = torch.randn(n, k, device="cuda", dtype=dtype) * k**-0.5
         x = torch.randn(1, 2 * k if prologue == "silu" else k, device="cuda", dtype=dtype)
+        # as the model calls them: the norm's input is already the residual sum, o and down add the residual
         res, g = torch.randn(1, k, device="cuda", dtype=dtype), torch.ones(k, device="cuda", dtype=dtype)
+        addend = torch.randn(1, n, device="cuda", dtype=dtype)
         if prologue == "norm":
-            fused = lambda: gemv.add_rms_norm_gemv(x, res, g, eps, w)  # noqa: E731
+            fused = lambda: gemv.add_rms_norm_gemv(x, None, g, eps, w)  # noqa: E731
             unfused = lambda: torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w)  # noqa: E731
         elif prologue == "silu":
-            fused = lambda: gemv.silu_mul_gemv(x, w)  # noqa: E731
+            fused = lambda: gemv.silu_mul_gemv(x, w, addend)  # noqa: E731
             unfused = lambda: torch.nn.functional.linear(activation.silu_and_mul(x), w)  # noqa: E731
         else:
-            fused = lambda: gemv.gemv(x, w)  # noqa: E731
+            fused = lambda: gemv.gemv(x, w, addend)  # noqa: E731
             unfused = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
         fused()  # autotune outside the graph
         weight_bytes = n * k * 2

@@ -10,6 +10,8 @@ and computes the input tile itself:
 - `gemv`:                y = W x
 - `add_rms_norm_gemv`:   y = W rms_norm(x + residual); also returns x + residual (the next residual)
 - `silu_mul_gemv`:       y = W (silu(gate) * up), with gate and up the two halves of x
+- `gemv` and `silu_mul_gemv` may also add a vector to y (the residual stream: `addend`), so the next
+  norm reads one vector, not two, and nothing stores the sum separately
 
 The input vector is tiny next to W (K values against N x K), so every program computes its input tiles
 itself from L2: no second kernel. RMSNorm needs the whole row's mean of squares, which the program
@@ -38,9 +40,9 @@ import triton.language as tl
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, residual_ptr, norm_weight_ptr, w_ptr, out_ptr, total_ptr,
+    x_ptr, residual_ptr, norm_weight_ptr, w_ptr, addend_ptr, out_ptr, total_ptr,
     N, K, stride_w, eps,
-    ADD_RESIDUAL: tl.constexpr, RMS_NORM: tl.constexpr, SILU_MUL: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr, RMS_NORM: tl.constexpr, SILU_MUL: tl.constexpr, ADD_TO_OUTPUT: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -75,6 +77,8 @@ def _gemv_kernel(
     out = tl.sum(acc, axis=1)  # [BLOCK_N]
     if RMS_NORM:
         out = out * tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+    if ADD_TO_OUTPUT:  # the residual add after the projection, rounded as torch rounds both steps
+        out = out.to(dtype).to(tl.float32) + tl.load(addend_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
@@ -98,7 +102,7 @@ def _quick_bench(kernel_call, quantiles):
 
 
 _tuned_kernel = triton.autotune(
-    configs=_configs(), key=["N", "K", "ADD_RESIDUAL", "RMS_NORM", "SILU_MUL"], do_bench=_quick_bench,
+    configs=_configs(), key=["N", "K", "ADD_RESIDUAL", "RMS_NORM", "SILU_MUL", "ADD_TO_OUTPUT"], do_bench=_quick_bench,
     prune_configs_by={"early_config_prune": _prune},
 )(_gemv_kernel)
 
@@ -106,16 +110,18 @@ _tuned_kernel = triton.autotune(
 INTERPRETER_CONFIG = {"BLOCK_N": 4, "BLOCK_K": 64}
 
 
-def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, silu_mul=False, config=None):
+def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, silu_mul=False, addend=None, config=None):
     """x: [1, K] ([1, 2K] with silu_mul), weight: [N, K] -> ([1, N], x + residual or None)."""
     n, k = weight.shape
     assert x.shape[0] == 1 and x.is_contiguous() and weight.stride(1) == 1
     assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, weight.shape)
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     total = torch.empty_like(x) if residual is not None else out  # NOTE: `out` is a placeholder, never written
+    assert addend is None or (addend.shape == (1, n) and addend.is_contiguous() and addend.dtype == x.dtype)
     args = (x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
-            weight, out, total, n, k, weight.stride(0), eps)
-    flags = dict(ADD_RESIDUAL=residual is not None, RMS_NORM=norm_weight is not None, SILU_MUL=silu_mul)
+            weight, addend if addend is not None else x, out, total, n, k, weight.stride(0), eps)
+    flags = dict(ADD_RESIDUAL=residual is not None, RMS_NORM=norm_weight is not None, SILU_MUL=silu_mul,
+                 ADD_TO_OUTPUT=addend is not None)
     if config is None and os.environ.get("TRITON_INTERPRET") == "1":
         config = INTERPRETER_CONFIG
     if config is None:
@@ -127,9 +133,10 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, silu_mul=False,
     return out, (total if residual is not None else None)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, config: dict | None = None) -> torch.Tensor:
-    """x: [1, K], weight: [N, K] -> x @ weight.T, [1, N]. `config` fixes the tiles (tests)."""
-    return _launch(x, weight, config=config)[0]
+def gemv(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None,
+         config: dict | None = None) -> torch.Tensor:
+    """x: [1, K], weight: [N, K] -> x @ weight.T (+ addend), [1, N]. `config` fixes the tiles (tests)."""
+    return _launch(x, weight, addend=addend, config=config)[0]
 
 
 def add_rms_norm_gemv(
@@ -142,14 +149,16 @@ def add_rms_norm_gemv(
     return out, (x if residual is None else total)
 
 
-def silu_mul_gemv(x: torch.Tensor, weight: torch.Tensor, config: dict | None = None) -> torch.Tensor:
-    """x: [1, 2K] (gate then up) -> (silu(gate) * up) @ weight.T, [1, N]."""
-    return _launch(x, weight, silu_mul=True, config=config)[0]
+def silu_mul_gemv(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None,
+                  config: dict | None = None) -> torch.Tensor:
+    """x: [1, 2K] (gate then up) -> (silu(gate) * up) @ weight.T (+ addend), [1, N]."""
+    return _launch(x, weight, silu_mul=True, addend=addend, config=config)[0]
 
 
 # ---- references: the unfused operators the model runs otherwise ----------------------------------
-def gemv_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.linear(x, weight)
+def gemv_ref(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
+    out = torch.nn.functional.linear(x, weight)
+    return out if addend is None else out + addend
 
 
 def add_rms_norm_gemv_ref(x, residual, norm_weight, eps, weight):
@@ -161,7 +170,7 @@ def add_rms_norm_gemv_ref(x, residual, norm_weight, eps, weight):
     return gemv_ref(normed, weight), total
 
 
-def silu_mul_gemv_ref(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def silu_mul_gemv_ref(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
     from .activation import silu_and_mul_ref
 
-    return gemv_ref(silu_and_mul_ref(x), weight)
+    return gemv_ref(silu_and_mul_ref(x), weight, addend)

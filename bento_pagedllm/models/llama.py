@@ -83,8 +83,9 @@ class LlamaDecoderLayer(nn.Module):
         self.down_proj = RowParallelLinear(config.intermediate_size, h, parallel)
 
     def forward(self, hidden, residual, rotary_context, kv_cache, meta: AttentionMetadata, ops, backend):
-        """hidden: the previous layer's output, residual: the running sum before it (None at layer 0).
-        Returns the same pair for the next layer (the add is fused into the next norm)."""
+        """hidden: the previous layer's output, residual: the running sum before it (None at layer 0, or
+        when `hidden` already is the sum). Returns the same pair for the next layer (the add is fused into
+        the next norm, or into the projection before it)."""
         num_tokens = hidden.shape[0]
         qkv, residual = ops.norm_and_project(hidden, residual, self.input_layernorm, self.eps, self.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -94,11 +95,11 @@ class LlamaDecoderLayer(nn.Module):
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         q = ops.rotary_and_store_kv(q, k, v, kv_cache, rotary_context, meta.slot_mapping)
         attn = backend.forward(q, kv_cache, meta, self.scale)  # [num_tokens, num_heads / tp, head_dim]
-        hidden = ops.project(attn.reshape(num_tokens, self.q_size), self.o_proj)  # [num_tokens, hidden], all-reduced
+        # [num_tokens, hidden], all-reduced (and, on the fused one-token path, already added to the residual)
+        hidden, residual = ops.project(attn.reshape(num_tokens, self.q_size), self.o_proj, residual)
         gate_up, residual = ops.norm_and_project(hidden, residual, self.post_attention_layernorm, self.eps,
                                                  self.gate_up_proj)  # [num_tokens, 2 * intermediate / tp]
-        hidden = ops.activate_and_project(gate_up, self.down_proj)  # all-reduced to [num_tokens, hidden]
-        return hidden, residual
+        return ops.activate_and_project(gate_up, self.down_proj, residual)  # as o_proj: [num_tokens, hidden]
 
 
 # transformers name suffix -> (our parameter, which shard of a fused matrix)
@@ -161,7 +162,7 @@ class LlamaForCausalLM(nn.Module):
                 )
             else:
                 hidden, residual = layer(hidden, residual, rotary, kv_cache, meta, self.ops, self.backend)
-        return residual + hidden  # [num_tokens, hidden], before the final norm
+        return hidden if residual is None else residual + hidden  # [num_tokens, hidden], before the final norm
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """hidden: [num_rows, hidden] (already only the rows that need logits) -> [num_rows, vocab] on

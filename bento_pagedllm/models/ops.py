@@ -55,12 +55,14 @@ class ComposedOps:
         normed, residual = self.add_rms_norm(x, residual, norm_weight, eps)
         return F.linear(normed, weight), residual
 
-    def project(self, x, linear):
-        return linear(x)
+    def project(self, x, linear, residual):
+        """(linear(x), residual); a fused path may return (residual + linear(x), None) instead: the sum
+        the next `add_rms_norm` would make, which takes it with no residual."""
+        return linear(x), residual
 
-    def activate_and_project(self, gate_up, linear):
-        """linear(silu(gate) * up) over the fused gate/up projection's output."""
-        return linear(self.silu_and_mul(gate_up))
+    def activate_and_project(self, gate_up, linear, residual):
+        """`project` of silu(gate) * up over the fused gate/up projection's output."""
+        return self.project(self.silu_and_mul(gate_up), linear, residual)
 
 
 class TorchOps(ComposedOps):
@@ -143,15 +145,22 @@ class TritonOps(ComposedOps):
             return super().norm_and_matmul(x, residual, norm_weight, eps, weight)
         return self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, weight)
 
-    def project(self, x, linear):
+    def project(self, x, linear, residual):
         if not self._one_row(x, linear.weight):
-            return linear(x)
-        return linear.reduce(self._gemv.gemv(x, linear.weight))
+            return linear(x), residual
+        return self._project_one_row(self._gemv.gemv, x, linear, residual)
 
-    def activate_and_project(self, gate_up, linear):
+    def activate_and_project(self, gate_up, linear, residual):
         if not self._one_row(gate_up, linear.weight):
-            return super().activate_and_project(gate_up, linear)
-        return linear.reduce(self._gemv.silu_mul_gemv(gate_up, linear.weight))
+            return super().activate_and_project(gate_up, linear, residual)
+        return self._project_one_row(self._gemv.silu_mul_gemv, gate_up, linear, residual)
+
+    @staticmethod
+    def _project_one_row(kernel, x, linear, residual):
+        """The residual joins the projection's output in the kernel where no all-reduce comes between."""
+        if residual is not None and linear.parallel.size == 1:
+            return kernel(x, linear.weight, addend=residual), None
+        return linear.reduce(kernel(x, linear.weight)), residual
 
     def add_rms_norm(self, x, residual, weight, eps):
         if residual is None:
