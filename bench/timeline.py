@@ -10,12 +10,35 @@ from __future__ import annotations
 
 
 def idle_fraction(timeline: list) -> dict:
-    """timeline: [(started, ended)] CUDA events in launch order (ModelRunner.timeline)."""
+    """timeline: [(started, ended, path, num_seqs, num_tokens)] in launch order (ModelRunner.timeline)."""
     if len(timeline) < 2:
         return {"steps": len(timeline), "idle_fraction": None}
     timeline[-1][1].synchronize()
-    gaps = [ended.elapsed_time(started_next) for (_, ended), (started_next, _) in zip(timeline, timeline[1:])]
-    busy = [started.elapsed_time(ended) for started, ended in timeline]
+    gaps = [step[1].elapsed_time(following[0]) for step, following in zip(timeline, timeline[1:])]
+    busy = [step[0].elapsed_time(step[1]) for step in timeline]
     span = timeline[0][0].elapsed_time(timeline[-1][1])
     return {"steps": len(timeline), "span_ms": span, "idle_between_steps_ms": sum(gaps),
-            "idle_fraction": sum(gaps) / span, "median_step_device_ms": sorted(busy)[len(busy) // 2]}
+            "idle_fraction": sum(gaps) / span, "median_step_device_ms": sorted(busy)[len(busy) // 2],
+            "by_step_kind": step_breakdown(timeline, busy)}
+
+
+def _bucket(num_seqs: int) -> str:
+    for bound in (1, 8, 32, 128, 256, 512):
+        if num_seqs <= bound:
+            return f"<={bound} seqs"
+    return ">512 seqs"
+
+
+def step_breakdown(timeline: list, busy: list[float]) -> list[dict]:
+    """Device time by the step's path (decode graph, mixed graph, eager) and batch size: where a run's
+    time goes."""
+    groups: dict[tuple[str, str], list] = {}
+    for step, ms in zip(timeline, busy):
+        path, num_seqs, num_tokens = step[2:5]
+        group = groups.setdefault((path, _bucket(num_seqs)), [0, 0.0, 0])
+        group[0] += 1
+        group[1] += ms
+        group[2] += num_tokens
+    return [{"path": path, "batch": bucket, "steps": n, "device_ms": round(ms, 1), "tokens": tokens,
+             "ms_per_step": round(ms / n, 3)}
+            for (path, bucket), (n, ms, tokens) in sorted(groups.items(), key=lambda item: -item[1][1])]

@@ -86,7 +86,9 @@ class ModelRunner:
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
         self.eos_token_ids: tuple[int, ...] = tuple(configs.model.eos_token_id)  # the engine may add more
         self._last_sampled: tuple[dict[int, int], torch.Tensor] | None = None  # (seq_id -> row, token ids)
-        self.timeline: list | None = None  # set to [] to record (start, end) CUDA events of every step
+        # set to [] to record every step's (start, end) CUDA events, path ("decode_graph", "mixed_graph" or
+        # "eager"), sequences and tokens (bench/timeline.py reads them)
+        self.timeline: list | None = None
         self.graphs = None
         if configs.cuda_graph_max_batch:
             from .cuda_graphs import DecodeGraphs
@@ -140,11 +142,14 @@ class ModelRunner:
         started = self._record_event()
         for src, dst in plan.block_copies:
             self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
+        path = "eager"
         if self.graphs is not None and host.all_decode and self.graphs.fits(len(plan.seqs)):
             # NOTE: every decode computes logits, in plan order: the graph's rows are the logit rows
+            path = "decode_graph"
             hidden = self.graphs.run(host.input_ids, host.positions, host.slots, host.seq_lens, host.tables,
                                      pending)
         elif self.mixed_graphs is not None and self.mixed_graphs.fits(len(host.input_ids), len(plan.seqs)):
+            path = "mixed_graph"
             hidden = self.mixed_graphs.run(host.input_ids, host.positions, host.slots, host.query_lens,
                                            host.seq_lens, host.tables, pending)
             hidden = hidden[to_device(torch.tensor(host.logits_indices, dtype=torch.int64), self.device)]
@@ -155,8 +160,9 @@ class ModelRunner:
             hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
             hidden = hidden[logits_indices]
         rows = plan.sampling_rows
+        shape = (path, len(plan.seqs), len(host.input_ids))
         if not rows:
-            return self._launched(plan, None, started)
+            return self._launched(plan, None, started, shape)
         logits = self.model.compute_logits(hidden)  # [num_logit_rows, vocab] on rank 0, None elsewhere
         sampled = None
         if self.parallel.is_driver:
@@ -172,12 +178,12 @@ class ModelRunner:
             # rank gets them now, device to device (a no-op at tp 1)
             self.parallel.broadcast_from_driver(token_ids)
         self._last_sampled = ({row.seq_id: i for i, row in enumerate(rows)}, token_ids)
-        return self._launched(plan, sampled.copy_to_host() if sampled is not None else None, started)
+        return self._launched(plan, sampled.copy_to_host() if sampled is not None else None, started, shape)
 
-    def _launched(self, plan: StepPlan, samples: HostSamples | None, started) -> "LaunchedStep":
+    def _launched(self, plan: StepPlan, samples: HostSamples | None, started, shape) -> "LaunchedStep":
         step = LaunchedStep(plan, samples, started, self._record_event())
         if started is not None:
-            self.timeline.append((started, step.ended))
+            self.timeline.append((started, step.ended, *shape))
         return step
 
     def collect(self, step: "LaunchedStep") -> list[TokenLogprob]:
