@@ -63,7 +63,7 @@ def _tile_config(head_dim: int) -> tuple[int, int, int]:
     return (64 if head_dim <= 128 else 32), 4, 2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits", "stride_bt"])  # NOTE: per-step values; see paged_prefill.py
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, counter_ptr,

@@ -37,7 +37,11 @@ def _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
     return lo - 1
 
 
-@triton.jit
+# NOTE: Triton compiles a variant per value class (1, a multiple of 16, other) of each integer argument;
+# the sequence count and the block-table width change every step, and a variant compiled mid-run costs a
+# step a second or more on a fresh machine (bench/results/h200-2026-12-01i/run4_offline), so they are
+# passed as plain integers.
+@triton.jit(do_not_specialize=["num_seqs", "stride_bt"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, out_ptr,
     qk_scale, num_seqs,
