@@ -84,10 +84,10 @@ case $part in
     ;;
   offline)
     # issue 5 offline in one call, with the step breakdown (bench/timeline.py): Llama-2-7B twice (the first
-    # run on a fresh machine compiles kernels in its clock), then both shapes with vLLM's 1024 seqs / 16384 tokens
+    # run on a fresh machine compiles kernels in its clock), then Llama-3-8B twice with vLLM's 1024 seqs / 16384 tokens
     for run_ in 1 2; do run serve_offline_llama2-7b_$run_ 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_$run_.json"; done
-    for shape in llama3-8b llama2-7b; do
-      run serve_offline_${shape}_1024 90 $PY bench/serve.py --mode offline --shape $shape --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_${shape}_1024.json"; done
+    for run_ in 1 2; do
+      run serve_offline_llama3-8b_1024_$run_ 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b_1024_$run_.json"; done
     ;;
   offline_settings)
     # issue 5: Llama-3-8B offline with the settings above and with vLLM's defaults (1024 seqs, 16384 tokens a step)

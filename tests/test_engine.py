@@ -160,3 +160,24 @@ def test_min_tokens_defers_eos(smol):
     longer = smol.chat(messages, SamplingParams(max_tokens=40, min_tokens=20, **GREEDY))[0].outputs[0]
     assert len(longer.token_ids) >= 20 and 2 not in longer.token_ids[:20]
     assert longer.token_ids[: len(short.token_ids) - 1] == short.token_ids[:-1]  # same until eos was due
+
+
+def test_quiet_gc_freezes_the_startup_heap_until_shutdown(tiny_llama3_dir):
+    """On CUDA by default (EngineArgs.quiet_gc): the heap built at start-up is frozen and young objects are
+    collected less often; shutdown makes the frozen objects collectable again."""
+    import gc
+
+    from bento_pagedllm.engine import GC_YOUNG_THRESHOLD
+
+    thresholds = gc.get_threshold()
+    assert LLM(tiny_llama3_dir, num_kv_blocks=64).engine.configs.quiet_gc is False  # the CPU default
+    try:
+        llm = LLM(tiny_llama3_dir, num_kv_blocks=64, quiet_gc=True)
+        assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
+        out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 3
+        llm.engine.shutdown()
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
