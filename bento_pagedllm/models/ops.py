@@ -119,8 +119,9 @@ class NativeCpuOps(TorchOps):
 class TritonOps(ComposedOps):
     """NOTE: imports Triton on first construction only, so the CPU path never needs it.
 
-    With `fused_gemv`, a single token's 16-bit projections run as one Triton GEMV each with the norm or
-    the activation before them folded in (kernels/gemv.py): single-stream decode. Batches keep cuBLAS.
+    With `fused_gemv`, a single token's 16-bit projections run as one Triton GEMV each, with the norm or
+    the activation before them and (at tensor-parallel size 1) the residual add after them folded in
+    (kernels/gemv.py): single-stream decode. Batches keep cuBLAS.
     """
 
     def __init__(self, fused_gemv: bool = True) -> None:
