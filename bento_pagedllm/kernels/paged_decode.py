@@ -123,8 +123,10 @@ def _decode_split_kernel(
             tl.store(part_sum_ptr + part, l_i, mask=row_valid)
 
     if not SINGLE_SPLIT:
-        # NOTE: the atomic is acquire-release at GPU scope: this split's partial stores are visible before
-        # its count, and the last split, which reads every count, sees every partial
+        # NOTE: the barrier orders every thread's partial stores before the count (one thread counts);
+        # the atomic is acquire-release at GPU scope, so the last split, which reads every count, sees
+        # every partial
+        tl.debug_barrier()
         counter = counter_ptr + seq * num_kv_heads + kv_head
         if tl.atomic_add(counter, 1) == num_splits - 1:
             _combine_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, parts, num_filled, seq, heads,

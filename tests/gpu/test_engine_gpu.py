@@ -110,3 +110,36 @@ def test_bfloat16_agrees_with_transformers_bfloat16(tiny_dir):
         long_agreements += common >= 8
         assert max(abs(out.logprobs[i].logprob - logprobs[i]) for i in range(common)) < 0.1
     assert long_agreements >= 6
+
+
+def run_single_stream(model_dir, dtype, ids, **engine_kwargs):
+    from bento_pagedllm import LLMEngine, EngineArgs, SamplingParams
+
+    engine = LLMEngine(EngineArgs(model=model_dir, dtype=dtype, device="cuda", max_model_len=768, **engine_kwargs))
+    engine.add_request("one", ids, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True))
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            final = out.outputs[0] if out.finished else final
+    engine.shutdown()
+    return final
+
+
+def test_a_bfloat16_single_stream_through_the_fused_projections(tiny_dir):
+    """One sequence alone: every decode step runs the fused one-token GEMVs (kernels/gemv.py). Against
+    the cuBLAS path and transformers, with the bfloat16 test's tolerance argument (above): the first
+    tokens agree and the chosen tokens' log-probabilities on the common prefix agree within 0.1 nats."""
+    from bento_pagedllm.kernels import gemv
+
+    ids = prompts()[5]  # 160 tokens
+    fused = run_single_stream(tiny_dir, "bfloat16", ids)
+    # the LM head of this model (4,096 x 256, the norm folded in) was tuned: the fused path ran
+    assert any(key[:2] == (4096, 256) for key in gemv._tuned_kernel.cache)
+    plain = run_single_stream(tiny_dir, "bfloat16", ids, fused_gemv=False)
+    (tokens, logprobs), = [ref for n, ref in zip(LENGTHS, reference(tiny_dir, torch.bfloat16)) if n == len(ids)]
+    for other_tokens, other_logprobs in ((plain.token_ids, [lp.logprob for lp in plain.logprobs]), (tokens, logprobs)):
+        common = 0
+        while common < NEW_TOKENS and fused.token_ids[common] == other_tokens[common]:
+            common += 1
+        assert common >= 8
+        assert max(abs(fused.logprobs[i].logprob - other_logprobs[i]) for i in range(common)) < 0.1
