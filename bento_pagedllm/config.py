@@ -268,8 +268,10 @@ class EngineArgs:
     fused_gemv: bool = True
     # Tune the process's garbage collector once the engine is built: the startup heap frozen, young
     # objects collected every 20,000 allocations instead of 700 (engine.py::quiet_garbage_collector;
-    # undone in part by `shutdown`). None: on with CUDA, where collections idle the device between steps.
-    quiet_gc: bool | None = None
+    # `shutdown` unfreezes). For a process that runs one engine for its life: the engine process sets it
+    # (engine_process.py), and the benchmarks. NOTE: off by default because frozen objects are never
+    # collected: an engine dropped without `shutdown` (its cycles) would keep its KV cache.
+    quiet_gc: bool = False
     hf_config_overrides: dict[str, Any] = field(default_factory=dict)
 
     def resolve_device(self) -> torch.device:
@@ -319,7 +321,7 @@ class EngineArgs:
             native_cpu_ops=self.native_cpu_ops,
             peer_all_reduce=self.peer_all_reduce,
             fused_gemv=self.fused_gemv,
-            quiet_gc=device.type == "cuda" if self.quiet_gc is None else self.quiet_gc,
+            quiet_gc=self.quiet_gc,
         )
 
     def validate_tensor_parallel(self, model_config: ModelConfig, device: torch.device) -> None:

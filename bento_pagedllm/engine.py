@@ -76,7 +76,7 @@ GC_YOUNG_THRESHOLD = 20_000
 
 def quiet_garbage_collector() -> None:
     """Freeze the startup heap (never traversed again) and collect young objects less often, for the
-    whole process: what an engine that owns its process wants (EngineArgs.quiet_gc)."""
+    whole process: what an engine that owns its process wants (EngineArgs.quiet_gc; the engine process)."""
     gc.collect()
     gc.freeze()
     young, *older = gc.get_threshold()

@@ -16,6 +16,8 @@ drain), and a parent that dies closes the pipe, which ends the child.
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import multiprocessing
 import pickle
@@ -116,7 +118,8 @@ def _child_main(args: EngineArgs, token_hook: TokenHook | None, request_timeout_
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=logging.INFO)
     try:
-        engine = LLMEngine(args)
+        # NOTE: this process lives exactly as long as its engine: freeze its start-up heap (engine.py)
+        engine = LLMEngine(dataclasses.replace(args, quiet_gc=True))
     except BaseException as error:  # noqa: BLE001 - the parent raises it
         logger.exception("the engine process could not build its engine")
         conn.send(_Failed(f"{type(error).__name__}: {error}"))

@@ -66,7 +66,7 @@ _ENGINE_FIELDS = {
     "cpu_kv_cache_bytes": int, "num_kv_blocks": int, "max_model_len": int, "max_num_seqs": int,
     "max_num_batched_tokens": int, "seed": int, "enable_prefix_caching": _parse_bool,
     "load_format": str, "max_graph_batch": int, "async_scheduling": _parse_bool,
-    "tensor_parallel_size": int,
+    "tensor_parallel_size": int, "quiet_gc": _parse_bool,
 }
 
 

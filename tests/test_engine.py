@@ -163,14 +163,14 @@ def test_min_tokens_defers_eos(smol):
 
 
 def test_quiet_gc_freezes_the_startup_heap_until_shutdown(tiny_llama3_dir):
-    """On CUDA by default (EngineArgs.quiet_gc): the heap built at start-up is frozen and young objects are
-    collected less often; shutdown makes the frozen objects collectable again."""
+    """EngineArgs.quiet_gc (the engine process sets it): the heap built at start-up is frozen and young
+    objects are collected less often; shutdown makes the frozen objects collectable again."""
     import gc
 
     from bento_pagedllm.engine import GC_YOUNG_THRESHOLD
 
     thresholds = gc.get_threshold()
-    assert LLM(tiny_llama3_dir, num_kv_blocks=64).engine.configs.quiet_gc is False  # the CPU default
+    assert LLM(tiny_llama3_dir, num_kv_blocks=64).engine.configs.quiet_gc is False  # the default
     try:
         llm = LLM(tiny_llama3_dir, num_kv_blocks=64, quiet_gc=True)
         assert gc.get_freeze_count() > 0 and gc.get_threshold()[0] == GC_YOUNG_THRESHOLD
