@@ -84,8 +84,8 @@ def test_float32_greedy_matches_transformers_exactly(tiny_dir, monkeypatch):
     assert [o.token_ids for o in decode_graphs_only] == [o.token_ids for o in eager]
     from bento_pagedllm import cuda_graphs
 
-    # contexts here reach ~450 tokens: with a 256-token bound, both graph classes (one split, and split
-    # for max_model_len) replay
+    # contexts here reach ~450 tokens: with a 256-token bound, both graph classes (splits chosen for the
+    # short bound, and for max_model_len) replay
     monkeypatch.setattr(cuda_graphs, "SHORT_CONTEXT", 256)
     two_classes = run_engine(tiny_dir, "float32")
     assert [o.token_ids for o in two_classes] == [o.token_ids for o in eager]
