@@ -17,21 +17,20 @@ from .kernels.paged_decode import choose_num_splits, paged_decode_attention
 from .kernels.paged_prefill import paged_prefill_attention
 
 
-# (sequence, KV head) pairs the persistent split counters cover; decode splits only batches below two
-# waves of programs (kernels/paged_decode.py::choose_num_splits), so a few hundred pairs are the most used
+# (sequence, KV head) pairs the split counters cover: decode splits only batches of fewer pairs than two
+# waves of programs (kernels/paged_decode.py::choose_num_splits), a few hundred on any GPU
 MAX_SPLIT_PAIRS = 4096
 
 
 class TritonAttentionBackend:
     """Paged attention with Triton kernels (CUDA; the CPU only under TRITON_INTERPRET=1, for tests).
 
-    NOTE: owns the split decode kernel's counters, allocated zeroed on the first call (the engine's
-    profiling step, before any graph capture) and never reallocated: graphs hold their address, and each
-    launch leaves them zero for the next.
+    NOTE: owns the split decode kernel's counters, allocated zeroed with the backend (before any graph
+    capture) and never reallocated: graphs hold their address, and each launch leaves them zero.
     """
 
-    def __init__(self) -> None:
-        self.split_counters: torch.Tensor | None = None
+    def __init__(self, device: torch.device | str) -> None:
+        self.split_counters = torch.zeros(MAX_SPLIT_PAIRS, dtype=torch.int32, device=device)
 
     def forward(
         self,
@@ -44,12 +43,9 @@ class TritonAttentionBackend:
         if len(meta.decode_indices_host) == meta.num_seqs:  # every sequence decodes one token
             # NOTE: one query token per sequence, so the tokens are the sequences, in order
             num_splits = choose_num_splits(max(meta.seq_lens_host), meta.num_seqs, k_cache.shape[2], q.device)
-            if self.split_counters is None:
-                self.split_counters = torch.zeros(MAX_SPLIT_PAIRS, dtype=torch.int32, device=q.device)
-            counters = self.split_counters if meta.num_seqs * k_cache.shape[2] <= MAX_SPLIT_PAIRS else None
             return paged_decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits=num_splits,
-                split_counters=counters,
+                split_counters=self.split_counters,
             )
         return paged_prefill_attention(
             q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,

@@ -263,8 +263,8 @@ class EngineArgs:
     # on 2 H200s (BENCHMARKS.md, tensor parallelism); kept for the latency-bound case it was built for.
     peer_all_reduce: bool = False
     # On CUDA in 16 bits: a single token's projections (single-stream decode) as Triton GEMVs with the
-    # RMSNorm or SiLU-and-multiply before them fused in (kernels/gemv.py). False: cuBLAS and separate
-    # kernels, as for batches.
+    # RMSNorm or SiLU-and-multiply before them and the residual add after them fused in (kernels/gemv.py).
+    # False: cuBLAS and separate kernels, as for batches.
     fused_gemv: bool = True
     # Tune the process's garbage collector once the engine is built: the startup heap frozen, young
     # objects collected every 20,000 allocations instead of 700 (engine.py::quiet_garbage_collector;

@@ -126,8 +126,7 @@ class LLMEngine:
         # A test hook (see faults.py) called with each sampled token before it is appended; what it raises
         # fails that token's request alone.
         self.token_hook: TokenHook | None = None
-        self._froze_gc = self.configs.quiet_gc
-        if self._froze_gc:
+        if self.configs.quiet_gc:
             quiet_garbage_collector()
 
     # ---- requests ------------------------------------------------------------------------------
@@ -176,13 +175,13 @@ class LLMEngine:
         return bool(self.requests)
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (also done when the engine is garbage-collected).
+        """Stop the tensor-parallel workers, if any (also done when the engine is garbage-collected), and
+        unfreeze what `quiet_gc` froze.
 
         NOTE: the engine cannot step afterwards.
         """
-        if getattr(self, "_froze_gc", False):
+        if self.configs.quiet_gc:
             gc.unfreeze()  # NOTE: the startup heap may hold cycles (the engine's own): collectable again
-            self._froze_gc = False
         if self.workers is not None:
             self.runner.release_graphs()
             self.workers.shutdown()

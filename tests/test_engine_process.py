@@ -179,3 +179,29 @@ def test_an_engine_that_cannot_be_built_raises_in_the_constructor(tiny_llama3_di
     args = EngineArgs(model=tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=4, max_model_len=512)
     with pytest.raises(RuntimeError, match="max_model_len"):
         AsyncLLMEngine(args, engine_process=True)
+
+
+class RequireFrozenHeap:
+    """A token hook (it runs in the engine process) that fails its request unless the heap is frozen."""
+
+    def __call__(self, seq, token) -> None:
+        import gc
+
+        if gc.get_freeze_count() == 0:
+            raise RuntimeError("the engine process did not quiet its garbage collector")
+
+
+async def test_the_engine_process_quiets_its_garbage_collector(tiny_llama3_dir):
+    """EngineArgs.quiet_gc is off by default; the engine process, which lives exactly as long as its
+    engine, turns it on for itself (and the parent's collector is left alone)."""
+    import gc
+
+    assert engine_args(tiny_llama3_dir).quiet_gc is False
+    engine = AsyncLLMEngine(engine_args(tiny_llama3_dir), engine_process=True, token_hook=RequireFrozenHeap())
+    engine.start()
+    try:
+        outputs = [out async for out in engine.generate([1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))]
+        assert len(outputs[-1].outputs[0].token_ids) == 4
+    finally:
+        await asyncio.to_thread(engine.shutdown)
+    assert gc.get_freeze_count() == 0

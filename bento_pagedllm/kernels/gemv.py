@@ -37,6 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .activation import silu_and_mul_tile
+
 
 @triton.jit
 def _gemv_kernel(
@@ -60,8 +62,7 @@ def _gemv_kernel(
         if SILU_MUL:
             gate = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
             up = tl.load(x_ptr + K + cols, mask=col_mask, other=0.0).to(tl.float32)
-            act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # NOTE: rounded, like torch
-            x32 = (act * up).to(dtype).to(tl.float32)
+            x32 = silu_and_mul_tile(gate, up, dtype).to(tl.float32)
         else:
             x = tl.load(x_ptr + cols, mask=col_mask, other=0.0)
             if ADD_RESIDUAL:
@@ -106,8 +107,9 @@ _tuned_kernel = triton.autotune(
     prune_configs_by={"early_config_prune": _prune},
 )(_gemv_kernel)
 
-# NOTE: the interpreter (no CUDA) cannot time configurations; it runs this one
-INTERPRETER_CONFIG = {"BLOCK_N": 4, "BLOCK_K": 64}
+# NOTE: the interpreter (no CUDA) cannot time configurations; it runs this one. Triton reads the switch
+# when kernels are decorated, at import: so does this module.
+INTERPRETER_CONFIG = {"BLOCK_N": 4, "BLOCK_K": 64} if os.environ.get("TRITON_INTERPRET") == "1" else None
 
 
 def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, silu_mul=False, addend=None, config=None):
@@ -122,8 +124,7 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, silu_mul=False,
             weight, addend if addend is not None else x, out, total, n, k, weight.stride(0), eps)
     flags = dict(ADD_RESIDUAL=residual is not None, RMS_NORM=norm_weight is not None, SILU_MUL=silu_mul,
                  ADD_TO_OUTPUT=addend is not None)
-    if config is None and os.environ.get("TRITON_INTERPRET") == "1":
-        config = INTERPRETER_CONFIG
+    config = config or INTERPRETER_CONFIG
     if config is None:
         _tuned_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, enable_fp_fusion=False)
     else:

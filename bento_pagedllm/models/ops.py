@@ -183,7 +183,7 @@ def attention_backend_for(device: torch.device):
     if device.type == "cuda":
         from ..attention_triton import TritonAttentionBackend
 
-        return TritonAttentionBackend()
+        return TritonAttentionBackend(device)
     from ..attention import TorchAttentionBackend
 
     return TorchAttentionBackend()
