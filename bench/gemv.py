@@ -1,12 +1,14 @@
-"""One-token projections on the GPU: the fused Triton GEMVs (kernels/gemv.py) against cuBLAS
-(`F.linear`) and the copy bandwidth, for the matrices of single-stream decode.
+"""Projections of a few tokens on the GPU: the fused Triton kernels (kernels/gemv.py) against cuBLAS
+(`F.linear`) and the copy bandwidth, for the matrices of decode steps of 1 to 64 sequences.
 
 Each call is timed inside a CUDA graph (triton.testing.do_bench_cudagraph), so launch gaps do not count;
 bandwidth = the weight's bytes / time. The fused line is each kernel as the model calls it (the norm's
 input already the residual sum; o and down adding the residual to their output); the unfused line is
 cuBLAS plus the separate RMSNorm-with-residual-add or SiLU-and-multiply kernel the model launches otherwise.
 
-    python bench/gemv.py --out bench/results/gemv.json
+    python bench/gemv.py --rows 1,2,4,8,16,32,64 --out bench/results/gemv.json
+
+(Rows above kernels/gemv.py's MAX_ROWS time cuBLAS alone: where the crossover lies.)
 """
 
 from __future__ import annotations
@@ -34,44 +36,60 @@ SHAPES = [  # NOTE: the LM head's norm has no residual to add either
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="1", help="tokens per step, comma-separated")
+    parser.add_argument("--shapes", default="", help="only the shapes whose name starts with one of these")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype, eps = torch.bfloat16, 1e-5
     bandwidth = copy_bandwidth()
+    prefixes = tuple(p for p in args.shapes.split(",") if p)
     rows = []
     for name, n, k, prologue in SHAPES:
+        if prefixes and not name.startswith(prefixes):
+            continue
         w = torch.randn(n, k, device="cuda", dtype=dtype) * k**-0.5
-        x = torch.randn(1, 2 * k if prologue == "silu" else k, device="cuda", dtype=dtype)
-        # as the model calls them: the norm's input is already the residual sum, o and down add the residual
-        res, g = torch.randn(1, k, device="cuda", dtype=dtype), torch.ones(k, device="cuda", dtype=dtype)
-        addend = torch.randn(1, n, device="cuda", dtype=dtype)
-        if prologue == "norm":
-            fused = lambda: gemv.add_rms_norm_gemv(x, None, g, eps, w)  # noqa: E731
-            unfused = lambda: torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w)  # noqa: E731
-        elif prologue == "silu":
-            fused = lambda: gemv.silu_mul_gemv(x, w, addend)  # noqa: E731
-            unfused = lambda: torch.nn.functional.linear(activation.silu_and_mul(x), w)  # noqa: E731
-        else:
-            fused = lambda: gemv.gemv(x, w, addend)  # noqa: E731
-            unfused = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
-        fused()  # autotune outside the graph
-        weight_bytes = n * k * 2
-        row = {"name": name, "n": n, "k": k, "prologue": prologue, "weight_mb": weight_bytes / 1e6}
-        for label, fn in (("triton_fused", fused), ("cublas_unfused", unfused),
-                          ("cublas_matmul_only", lambda: torch.nn.functional.linear(x[:, :k], w))):
-            us = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
-            row[f"{label}_us"] = us
-            row[f"{label}_tbs"] = weight_bytes / us / 1e6
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        for m in map(int, args.rows.split(",")):
+            rows.append(measure(name, n, k, prologue, m, w, eps))
+            print(json.dumps(rows[-1]), flush=True)
         del w
-    configs = {str(key): str(cfg) for key, cfg in gemv._tuned_kernel.cache.items()}
+    configs = {str(key): str(cfg) for tuner in (gemv._tuned_one_row, gemv._tuned_rows)
+               for key, cfg in tuner.cache.items()}
     result = {"copy_bandwidth_tbs": bandwidth / 1e12, "gpu": torch.cuda.get_device_name(), "rows": rows,
               "tuned_configs": configs}
     print(json.dumps(configs, indent=1))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
+
+
+def measure(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float) -> dict:
+    """Time one projection of m tokens three ways: fused (as the model calls it), cuBLAS with the separate
+    kernels, cuBLAS alone."""
+    dtype = w.dtype
+    x = torch.randn(m, 2 * k if prologue == "silu" else k, device="cuda", dtype=dtype)
+    # as the model calls them: the norm's input is already the residual sum, o and down add the residual
+    res, g = torch.randn(m, k, device="cuda", dtype=dtype), torch.ones(k, device="cuda", dtype=dtype)
+    addend = torch.randn(m, n, device="cuda", dtype=dtype)
+    if prologue == "norm":
+        fused = lambda: gemv.add_rms_norm_gemv(x, None, g, eps, w)  # noqa: E731
+        unfused = lambda: torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w)  # noqa: E731
+    elif prologue == "silu":
+        fused = lambda: gemv.silu_mul_gemv(x, w, addend)  # noqa: E731
+        unfused = lambda: torch.nn.functional.linear(activation.silu_and_mul(x), w)  # noqa: E731
+    else:
+        fused = lambda: gemv.gemv(x, w, addend)  # noqa: E731
+        unfused = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
+    weight_bytes = n * k * w.element_size()
+    row = {"name": name, "n": n, "k": k, "rows": m, "prologue": prologue, "weight_mb": weight_bytes / 1e6}
+    timed = [("cublas_unfused", unfused), ("cublas_matmul_only", lambda: torch.nn.functional.linear(x[:, :k], w))]
+    if m <= gemv.MAX_ROWS:
+        fused()  # autotune outside the graph
+        timed.insert(0, ("triton_fused", fused))
+    for label, fn in timed:
+        us = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+        row[f"{label}_us"] = us
+        row[f"{label}_tbs"] = weight_bytes / us / 1e6
+    return row
 
 
 if __name__ == "__main__":

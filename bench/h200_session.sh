@@ -39,11 +39,27 @@ case $part in
     ;;
   gemv)
     # issue 4: the fused one-token GEMVs (kernels/gemv.py): the GPU tests first; the kernels against cuBLAS;
-    # then single stream with them (the default) and without (--no-fused-gemv), same machine
+    # then single stream with them (the default) and without (--fused-gemv-rows 0), same machine
     run gpu_tests 240 $PY -m pytest -q -x -p no:cacheprovider tests/gpu
     run gemv 90 $PY bench/gemv.py --out "$out/gemv.json"
     run single_stream 150 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --profile-dir "$out/prof" --out "$out/single_stream.json"
-    run single_stream_cublas 120 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --no-fused-gemv --out "$out/single_stream_cublas.json"
+    run single_stream_cublas 120 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --fused-gemv-rows 0 --out "$out/single_stream_cublas.json"
+    ;;
+  rows)
+    # issue 5: the fused projections for decode batches of a few sequences (kernels/gemv.py, tensor-core
+    # tiles) against cuBLAS, 1 to 64 rows; then the GPU tests
+    run gemv_rows 150 $PY bench/gemv.py --rows 1,2,4,8,16,32,64 --shapes llama2-7b,llama3-8b --out "$out/gemv_rows.json"
+    run gpu_tests 380 $PY -m pytest -q -x -p no:cacheprovider tests/gpu
+    ;;
+  rows_offline)
+    # issue 5: offline throughput with small decode batches through the fused projections (32 rows, the
+    # default), through cuBLAS (0), and fused again (the first run on a fresh machine compiles in its clock)
+    for run_ in 32a 0 32b; do rows=${run_%[ab]}
+      run serve_offline_llama2-7b_rows$run_ 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --fused-gemv-rows $rows --out "$out/serve_offline_llama2-7b_rows$run_.json"
+      run serve_offline_llama3-8b_rows$run_ 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_rows$run_.json"; done
+    ;;
+  single_stream)
+    run single_stream 150 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --profile-dir "$out/prof" --out "$out/single_stream.json"
     ;;
   tp2)
     # issue 7 on nvidia-h200-x2: Llama-3-8B shape, the 500-request workload on 1 GPU, then on 2 (target 1.7x)

@@ -75,13 +75,13 @@ def config_dir(shape: dict) -> str:
 
 
 def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | None = None,
-                 tensor_parallel_size: int = 1, peer_all_reduce: bool = True, fused_gemv: bool = True) -> dict:
+                 tensor_parallel_size: int = 1, peer_all_reduce: bool = True, fused_gemv_rows: int = 32) -> dict:
     from bento_pagedllm import LLM, SamplingParams
 
     torch.cuda.synchronize()
     start = time.perf_counter()
     llm = LLM(path, load_format="dummy", dtype="bfloat16", device="cuda", tensor_parallel_size=tensor_parallel_size,
-              peer_all_reduce=peer_all_reduce, fused_gemv=fused_gemv)
+              peer_all_reduce=peer_all_reduce, fused_gemv_rows=fused_gemv_rows)
     torch.cuda.synchronize()
     startup = time.perf_counter() - start
     params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
@@ -156,8 +156,8 @@ def main() -> None:
     parser.add_argument("--profile-dir", default=None, help="write a torch.profiler table per model here")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the engine splits the model over")
     parser.add_argument("--peer-all-reduce", action="store_true", help="tensor parallelism: small all-reduces through peer memory")
-    parser.add_argument("--no-fused-gemv", dest="fused_gemv", action="store_false",
-                        help="one-token projections through cuBLAS and separate norm/activation kernels")
+    parser.add_argument("--fused-gemv-rows", type=int, default=32,
+                        help="EngineArgs.fused_gemv_rows; 0: projections through cuBLAS and separate norm/activation kernels")
     args = parser.parse_args()
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
@@ -165,7 +165,7 @@ def main() -> None:
     prompt = torch.randint(100, 30000, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     results = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
                "torch": torch.__version__, "copy_bandwidth_tbs": bandwidth / 1e12,
-               "tensor_parallel_size": args.tensor_parallel_size, "peer_all_reduce": args.peer_all_reduce, "fused_gemv": args.fused_gemv, "models": {}}
+               "tensor_parallel_size": args.tensor_parallel_size, "peer_all_reduce": args.peer_all_reduce, "fused_gemv_rows": args.fused_gemv_rows, "models": {}}
     for name in args.models:
         path = config_dir(SHAPES[name])
         from bento_pagedllm.config import ModelConfig
@@ -175,7 +175,7 @@ def main() -> None:
         entry = {"weight_bytes": weight_bytes, "roofline_tok_s": args.tensor_parallel_size * bandwidth / weight_bytes}
         profile_path = os.path.join(args.profile_dir, f"profile_{name}.txt") if args.profile_dir else None
         entry["engine"] = bench_engine(path, prompt, args.runs, profile_path, args.tensor_parallel_size,
-                                       peer_all_reduce=args.peer_all_reduce, fused_gemv=args.fused_gemv)
+                                       peer_all_reduce=args.peer_all_reduce, fused_gemv_rows=args.fused_gemv_rows)
         for peer in [p for p in args.peers.split(",") if p in ("eager", "compile")]:
             entry[f"transformers_{peer}"] = bench_transformers(path, prompt, args.runs, compiled=peer == "compile")
         ours = entry["engine"]["decode_tok_s"]

@@ -217,7 +217,7 @@ class EngineConfigs:
     tensor_parallel_size: int = 1  # processes (one device each) the heads and vocabulary are split over
     native_cpu_ops: bool = True  # CPU, float32: fused native operators (kernels/cpu_ops.cpp), not torch's
     peer_all_reduce: bool = False  # CUDA tensor parallelism: small all-reduces through NVLink peer memory
-    fused_gemv: bool = True  # CUDA, 16-bit: one token's projections as fused Triton GEMVs (kernels/gemv.py)
+    fused_gemv_rows: int = 32  # CUDA, 16-bit: steps of up to this many tokens project with kernels/gemv.py
     quiet_gc: bool = False  # freeze the startup heap, collect young objects less often (engine.py)
 
 
@@ -262,10 +262,10 @@ class EngineArgs:
     # (distributed/parallel_state.py::PeerAllReduce) instead of NCCL. Off: measured slower than NCCL alone
     # on 2 H200s (BENCHMARKS.md, tensor parallelism); kept for the latency-bound case it was built for.
     peer_all_reduce: bool = False
-    # On CUDA in 16 bits: a single token's projections (single-stream decode) as Triton GEMVs with the
-    # RMSNorm or SiLU-and-multiply before them and the residual add after them fused in (kernels/gemv.py).
-    # False: cuBLAS and separate kernels, as for batches.
-    fused_gemv: bool = True
+    # On CUDA in 16 bits: the projections of steps of up to this many tokens (decode of a few sequences) as
+    # Triton kernels with the RMSNorm or SiLU-and-multiply before them and the residual add after them
+    # fused in (kernels/gemv.py, at most its MAX_ROWS). Bigger steps, and 0: cuBLAS and separate kernels.
+    fused_gemv_rows: int = 32
     # Tune the process's garbage collector once the engine is built: the startup heap frozen, young
     # objects collected every 20,000 allocations instead of 700 (engine.py::quiet_garbage_collector;
     # `shutdown` unfreezes). For a process that runs one engine for its life: the engine process sets it
@@ -320,7 +320,7 @@ class EngineArgs:
             tensor_parallel_size=self.tensor_parallel_size,
             native_cpu_ops=self.native_cpu_ops,
             peer_all_reduce=self.peer_all_reduce,
-            fused_gemv=self.fused_gemv,
+            fused_gemv_rows=self.fused_gemv_rows,
             quiet_gc=self.quiet_gc,
         )
 

@@ -51,7 +51,7 @@ def build_model(configs: EngineConfigs, source: ModelSource | None,
     try:
         with torch.device(device):
             model = LlamaForCausalLM(configs.model, max_positions=configs.scheduler.max_model_len, device=device,
-                                     parallel=parallel, fused_gemv=configs.fused_gemv)
+                                     parallel=parallel, fused_gemv_rows=configs.fused_gemv_rows)
     finally:
         torch.set_default_dtype(previous)
     # NOTE: rotary tables stay float32 whatever the model dtype, as in transformers.

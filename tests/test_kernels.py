@@ -118,14 +118,18 @@ def test_silu_and_mul_matches_reference(intermediate, dtype):
 
 
 @pytest.mark.parametrize("dtype", [F32, F16])
-@pytest.mark.parametrize("n,k,config", [
-    (37, 100, None),  # neither size a multiple of a tile
-    (64, 576, {"BLOCK_N": 8, "BLOCK_K": 128}),  # SmolLM2's width
-    (9, 130, {"BLOCK_N": 2, "BLOCK_K": 32}),
+@pytest.mark.parametrize("n,k,config,rows", [
+    (37, 100, None, 1),  # neither size a multiple of a tile
+    (64, 576, {"BLOCK_N": 8, "BLOCK_K": 128}, 1),  # SmolLM2's width
+    (9, 130, {"BLOCK_N": 2, "BLOCK_K": 32}, 1),
+    (37, 100, None, 3),  # a few rows: the tensor-core tile of 16, rows and columns ragged
+    (40, 130, {"BLOCK_N": 16, "BLOCK_K": 64}, 16),
+    (24, 96, {"BLOCK_N": 16, "BLOCK_K": 32}, 21),  # a tile of 32
 ])
-def test_one_token_projections_match_reference(n, k, config, dtype):
-    check_gemv(n, k, dtype, DEVICE, config)
+def test_projections_of_a_few_tokens_match_reference(n, k, config, rows, dtype):
+    check_gemv(n, k, dtype, DEVICE, config, rows)
 
 
-def test_a_model_step_with_fused_projections_matches_the_unfused_one():
-    check_model_with_fused_projections(DEVICE, F16)
+@pytest.mark.parametrize("num_seqs", [1, 3])
+def test_a_model_step_with_fused_projections_matches_the_unfused_one(num_seqs):
+    check_model_with_fused_projections(DEVICE, F16, num_seqs)

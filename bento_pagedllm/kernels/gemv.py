@@ -1,32 +1,35 @@
-"""One-token projections (GEMV) with the operator before them folded in: y = W @ prologue(x).
+"""Projections of one to a few tokens (GEMV and skinny GEMM) with the operator before them folded in:
+y = prologue(x) @ W.T, x: [M, K] with M <= MAX_ROWS.
 
-Why: a single-stream decode step reads every weight once, so its time is the weights' bytes over the
-read bandwidth. cuBLAS's GEMVs read at 0.88 of the copy bandwidth on the H200 and add split-K reduction
-kernels; and each layer also launches two RMSNorms and a SiLU-and-multiply, 1 to 2 us each, whose only
-job is to produce the GEMV's input vector. Here each program streams `BLOCK_N` rows of W in `BLOCK_K`
-column tiles (wide, coalesced loads; the products accumulate in float32 and are summed once at the end)
-and computes the input tile itself:
+Why: a decode step of a few sequences reads every weight once, so its time is the weights' bytes over the
+read bandwidth. cuBLAS's one-row products read at 0.73 to 0.88 of the copy bandwidth on the H200 and add
+split-K reduction kernels; and each layer also launches two RMSNorms and a SiLU-and-multiply, 1 to 2 us
+each, whose only job is to produce the projection's input. Here each program streams `BLOCK_N` rows of W
+in `BLOCK_K` column tiles (wide, coalesced loads) and computes the input tile itself:
 
-- `gemv`:                y = W x
-- `add_rms_norm_gemv`:   y = W rms_norm(x + residual); also returns x + residual (the next residual)
-- `silu_mul_gemv`:       y = W (silu(gate) * up), with gate and up the two halves of x
-- `gemv` and `silu_mul_gemv` may also add a vector to y (the residual stream: `addend`), so the next
-  norm reads one vector, not two, and nothing stores the sum separately
+- `gemv`:                y = x W^T
+- `add_rms_norm_gemv`:   y = rms_norm(x + residual) W^T; also returns x + residual (the next residual)
+- `silu_mul_gemv`:       y = (silu(gate) * up) W^T, with gate and up the two halves of each row of x
+- `gemv` and `silu_mul_gemv` may also add a matrix to y (the residual stream: `addend`), so the next
+  norm reads one input, not two, and nothing stores the sum separately
 
-The input vector is tiny next to W (K values against N x K), so every program computes its input tiles
-itself from L2: no second kernel. RMSNorm needs the whole row's mean of squares, which the program
+One row multiplies on the CUDA cores (float32 products summed once at the end); more rows are padded to
+a tile of 16 or 32 and multiplied on the tensor cores (`tl.dot`), whose loop Triton pipelines through
+shared memory. The input is tiny next to W (M x K values against N x K), so every program computes its
+input tiles itself from L2: no second kernel. RMSNorm needs each row's mean of squares, which the program
 gathers in the same pass and applies to its dot products at the end: rms_norm(x) . w = (g * x) . w / rms.
 Program 0 alone stores x + residual.
 
 Numerics: x + residual and silu(gate) * up are rounded to the input dtype like the unfused kernels
 (rms_norm.py, activation.py); the dot products accumulate in float32, in another order than cuBLAS.
 The norm is NOT rounded element by element as the unfused path rounds the normalised row (twice, to the
-16-bit dtype): the scale comes after the sum. The two differ within that rounding (a relative 2^-8 per
-term in bfloat16), which the tests bound; float32 models never take this path.
+16-bit dtype): the scale comes after the sum; the tensor-core path rounds g * x once, to W's dtype. The
+two differ within that rounding (a relative 2^-8 per term in bfloat16), which the tests bound; float32
+models never take this path.
 
-NOTE: for one row only (`x`: [1, K]); batches use cuBLAS, whose tensor-core GEMMs are better there. On
-CUDA the tile sizes are autotuned per (N, K, prologue) on the first call (the model's warm-up, before any
-graph capture); under Triton's interpreter a fixed configuration runs.
+NOTE: for at most MAX_ROWS rows; bigger batches use cuBLAS, whose GEMMs are better there. On CUDA the tiles
+are autotuned per (N, K, prologue, row tile) on the first call (the model's warm-up before each graph
+capture); under Triton's interpreter fixed configurations run.
 """
 
 from __future__ import annotations
@@ -40,55 +43,85 @@ import triton.language as tl
 from .activation import silu_and_mul_tile
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(
     x_ptr, residual_ptr, norm_weight_ptr, w_ptr, addend_ptr, out_ptr, total_ptr,
-    N, K, stride_w, eps,
+    M, N, K, stride_w, eps,
     ADD_RESIDUAL: tl.constexpr, RMS_NORM: tl.constexpr, SILU_MUL: tl.constexpr, ADD_TO_OUTPUT: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    """One program: all M rows of x against BLOCK_N rows of W. BLOCK_M 1: float32 products summed once at
+    the end (CUDA cores); BLOCK_M >= 16: the rows padded to a tensor-core tile, `tl.dot` per column tile."""
     pid = tl.program_id(0)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    tokens = tl.arange(0, BLOCK_M)  # [BLOCK_M]
+    token_mask = tokens < M
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]: rows of W, columns of the output
     row_mask = rows < N
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w  # [BLOCK_N, 1]
+    x_rows = x_ptr + tokens[:, None] * (2 * K if SILU_MUL else K)  # [BLOCK_M, 1]; NOTE: x, residual contiguous
     dtype = x_ptr.dtype.element_ty
 
     total_limit = tl.where(pid == 0, K, 0)  # NOTE: program 0 alone stores x + residual
-    squares = tl.zeros([BLOCK_K], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    if BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
         col_mask = cols < K
+        x_mask = token_mask[:, None] & col_mask[None, :]  # [BLOCK_M, BLOCK_K]
         if SILU_MUL:
-            gate = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-            up = tl.load(x_ptr + K + cols, mask=col_mask, other=0.0).to(tl.float32)
+            gate = tl.load(x_rows + cols[None, :], mask=x_mask, other=0.0).to(tl.float32)
+            up = tl.load(x_rows + K + cols[None, :], mask=x_mask, other=0.0).to(tl.float32)
             x32 = silu_and_mul_tile(gate, up, dtype).to(tl.float32)
         else:
-            x = tl.load(x_ptr + cols, mask=col_mask, other=0.0)
+            x = tl.load(x_rows + cols[None, :], mask=x_mask, other=0.0)
             if ADD_RESIDUAL:
-                x = (x.to(tl.float32) + tl.load(residual_ptr + cols, mask=col_mask, other=0.0).to(tl.float32))
+                offsets = tokens[:, None] * K + cols[None, :]
+                x = (x.to(tl.float32) + tl.load(residual_ptr + offsets, mask=x_mask, other=0.0).to(tl.float32))
                 x = x.to(dtype)  # NOTE: rounded, like torch's add
-                tl.store(total_ptr + cols, x, mask=cols < total_limit)
+                tl.store(total_ptr + offsets, x, mask=x_mask & (cols < total_limit)[None, :])
             x32 = x.to(tl.float32)
-            if RMS_NORM:  # the row's 1/rms scales the dot products at the end (one pass over x)
+            if RMS_NORM:  # each row's 1/rms scales its dot products at the end (one pass over x)
                 squares += x32 * x32
-                x32 = x32 * tl.load(norm_weight_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-        acc += w.to(tl.float32) * x32[None, :]  # [BLOCK_N, BLOCK_K]
-    out = tl.sum(acc, axis=1)  # [BLOCK_N]
+                x32 = x32 * tl.load(norm_weight_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
+        if BLOCK_M == 1:
+            acc += w.to(tl.float32) * x32  # [BLOCK_N, BLOCK_K]
+        elif w.dtype == tl.float32:
+            acc = tl.dot(x32, tl.trans(w), acc, input_precision="ieee")  # [BLOCK_M, BLOCK_N]
+        else:  # NOTE: the input tile is rounded to W's dtype for the tensor cores
+            acc = tl.dot(x32.to(w.dtype), tl.trans(w), acc)  # [BLOCK_M, BLOCK_N]
+    if BLOCK_M == 1:
+        out = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
+    else:
+        out = acc
     if RMS_NORM:
-        out = out * tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+        out = out * tl.rsqrt(tl.sum(squares, axis=1) / K + eps)[:, None]
+    out_offsets = tokens[:, None] * N + rows[None, :]  # [BLOCK_M, BLOCK_N]
+    out_mask = token_mask[:, None] & row_mask[None, :]
     if ADD_TO_OUTPUT:  # the residual add after the projection, rounded as torch rounds both steps
-        out = out.to(dtype).to(tl.float32) + tl.load(addend_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)
+        out = out.to(dtype).to(tl.float32) + tl.load(addend_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def _configs() -> list[triton.Config]:
-    """Tiles of 1 to 32 rows by 128 to 2,048 columns: few rows give enough programs for small N, long rows
-    make each load wide; more rows share the input tile's work (the SiLU's exp) among more weights."""
+def _row_configs() -> list[triton.Config]:
+    """One row (CUDA cores): tiles of 1 to 32 rows of W by 128 to 2,048 columns: few rows give enough
+    programs for small N, long rows make each load wide; more rows share the input tile's work (the
+    SiLU's exp) among more weights."""
     shapes = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 4), (2, 2048, 8), (4, 1024, 4), (4, 2048, 8), (8, 512, 4),
               (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 128, 4), (32, 256, 8)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w) for n, k, w in shapes]
+
+
+def _tile_configs() -> list[triton.Config]:
+    """A few rows (tensor cores): 16 to 128 rows of W by 64 to 1,024 columns, the W tiles pipelined
+    through shared memory in 2 to 6 stages (the loads in flight that a bandwidth-bound loop needs)."""
+    shapes = [(16, 256, 4, 4), (16, 512, 4, 3), (16, 1024, 8, 2), (16, 128, 4, 6), (32, 128, 4, 4),
+              (32, 256, 4, 4), (32, 256, 8, 3), (32, 512, 8, 3), (64, 64, 4, 6), (64, 128, 4, 4),
+              (64, 256, 8, 3), (128, 128, 8, 3)]
+    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s) for n, k, w, s in shapes]
 
 
 def _prune(configs, named_args, **kwargs):
@@ -102,31 +135,51 @@ def _quick_bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
-_tuned_kernel = triton.autotune(
-    configs=_configs(), key=["N", "K", "ADD_RESIDUAL", "RMS_NORM", "SILU_MUL", "ADD_TO_OUTPUT"], do_bench=_quick_bench,
-    prune_configs_by={"early_config_prune": _prune},
-)(_gemv_kernel)
+def _tuner(configs: list[triton.Config]):
+    """NOTE: tuned per row tile (BLOCK_M: 1, 16 or 32) too: a decode graph's batch picks its tile."""
+    return triton.autotune(
+        configs=configs, key=["N", "K", "BLOCK_M", "ADD_RESIDUAL", "RMS_NORM", "SILU_MUL", "ADD_TO_OUTPUT"],
+        do_bench=_quick_bench, prune_configs_by={"early_config_prune": _prune},
+    )(_gemv_kernel)
 
-# NOTE: the interpreter (no CUDA) cannot time configurations; it runs this one. Triton reads the switch
+
+_tuned_one_row, _tuned_rows = _tuner(_row_configs()), _tuner(_tile_configs())
+
+MAX_ROWS = 32  # NOTE: more rows than this go to cuBLAS (TritonOps); see bench/gemv.py for the crossover
+
+# NOTE: the interpreter (no CUDA) cannot time configurations; it runs these. Triton reads the switch
 # when kernels are decorated, at import: so does this module.
-INTERPRETER_CONFIG = {"BLOCK_N": 4, "BLOCK_K": 64} if os.environ.get("TRITON_INTERPRET") == "1" else None
+INTERPRETER_CONFIGS = ({"BLOCK_N": 4, "BLOCK_K": 64}, {"BLOCK_N": 16, "BLOCK_K": 32}) \
+    if os.environ.get("TRITON_INTERPRET") == "1" else None
+
+
+def row_tile(num_rows: int) -> int:
+    """BLOCK_M: 1 for one row, else the rows padded to a tensor-core tile of 16 or 32."""
+    assert 1 <= num_rows <= MAX_ROWS, num_rows
+    return 1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows))
 
 
 def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, silu_mul=False, addend=None, config=None):
-    """x: [1, K] ([1, 2K] with silu_mul), weight: [N, K] -> ([1, N], x + residual or None)."""
+    """x: [M, K] ([M, 2K] with silu_mul), weight: [N, K] -> ([M, N], x + residual or None)."""
     n, k = weight.shape
-    assert x.shape[0] == 1 and x.is_contiguous() and weight.stride(1) == 1
+    m = x.shape[0]
+    assert x.is_contiguous() and weight.stride(1) == 1
     assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, weight.shape)
-    out = torch.empty(1, n, dtype=x.dtype, device=x.device)
+    assert residual is None or (residual.shape == x.shape and residual.is_contiguous())
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     total = torch.empty_like(x) if residual is not None else out  # NOTE: `out` is a placeholder, never written
-    assert addend is None or (addend.shape == (1, n) and addend.is_contiguous() and addend.dtype == x.dtype)
+    assert addend is None or (addend.shape == (m, n) and addend.is_contiguous() and addend.dtype == x.dtype)
+    if m == 0:
+        return out, (total if residual is not None else None)
+    block_m = row_tile(m)
     args = (x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
-            weight, addend if addend is not None else x, out, total, n, k, weight.stride(0), eps)
+            weight, addend if addend is not None else x, out, total, m, n, k, weight.stride(0), eps)
     flags = dict(ADD_RESIDUAL=residual is not None, RMS_NORM=norm_weight is not None, SILU_MUL=silu_mul,
-                 ADD_TO_OUTPUT=addend is not None)
-    config = config or INTERPRETER_CONFIG
+                 ADD_TO_OUTPUT=addend is not None, BLOCK_M=block_m)
+    config = config or (INTERPRETER_CONFIGS and INTERPRETER_CONFIGS[block_m > 1])
     if config is None:
-        _tuned_kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, enable_fp_fusion=False)
+        tuned = _tuned_one_row if block_m == 1 else _tuned_rows
+        tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, enable_fp_fusion=False)
     else:
         _gemv_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](
             *args, **flags, **config, enable_fp_fusion=False  # NOTE: keep each rounding torch does
@@ -136,7 +189,7 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, silu_mul=False,
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None,
          config: dict | None = None) -> torch.Tensor:
-    """x: [1, K], weight: [N, K] -> x @ weight.T (+ addend), [1, N]. `config` fixes the tiles (tests)."""
+    """x: [M, K], weight: [N, K] -> x @ weight.T (+ addend), [M, N]. `config` fixes the tiles (tests)."""
     return _launch(x, weight, addend=addend, config=config)[0]
 
 
@@ -152,7 +205,7 @@ def add_rms_norm_gemv(
 
 def silu_mul_gemv(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None,
                   config: dict | None = None) -> torch.Tensor:
-    """x: [1, 2K] (gate then up) -> (silu(gate) * up) @ weight.T (+ addend), [1, N]."""
+    """x: [M, 2K] (gate then up) -> (silu(gate) * up) @ weight.T (+ addend), [M, N]."""
     return _launch(x, weight, silu_mul=True, addend=addend, config=config)[0]
 
 

@@ -120,12 +120,12 @@ _RENAMED = {
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device | None = None,
-                 parallel: ParallelConfig | None = None, fused_gemv: bool = True) -> None:
+                 parallel: ParallelConfig | None = None, fused_gemv_rows: int = 32) -> None:
         super().__init__()
         self.config = config
         self.parallel = parallel = parallel or ParallelConfig()
         device = device or torch.device("cpu")
-        self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv)  # NOTE: prepare_for_cpu may swap in NativeCpuOps
+        self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv_rows)  # NOTE: prepare_for_cpu may swap in NativeCpuOps
         self.backend = attention_backend_for(device)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, parallel) for _ in range(config.num_hidden_layers))

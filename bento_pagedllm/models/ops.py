@@ -119,45 +119,48 @@ class NativeCpuOps(TorchOps):
 class TritonOps(ComposedOps):
     """NOTE: imports Triton on first construction only, so the CPU path never needs it.
 
-    With `fused_gemv`, a single token's 16-bit projections run as one Triton GEMV each, with the norm or
-    the activation before them and (at tensor-parallel size 1) the residual add after them folded in
-    (kernels/gemv.py): single-stream decode. Batches keep cuBLAS.
+    Steps of up to `fused_gemv_rows` tokens (single-stream decode, small batches) run their 16-bit
+    projections as one Triton kernel each, with the norm or the activation before them and (at
+    tensor-parallel size 1) the residual add after them folded in (kernels/gemv.py). Bigger steps keep
+    cuBLAS and the separate kernels.
     """
 
-    def __init__(self, fused_gemv: bool = True) -> None:
+    def __init__(self, fused_gemv_rows: int = 32) -> None:
         from ..kernels import activation, gemv, rms_norm as norm, rotary
 
+        if not 0 <= fused_gemv_rows <= gemv.MAX_ROWS:
+            raise ValueError(f"fused_gemv_rows must be 0 to {gemv.MAX_ROWS}, not {fused_gemv_rows}")
         self._norm, self._fused_norm = norm.rms_norm, norm.fused_add_rms_norm
         self._rotary_store_kv, self.silu_and_mul = rotary.rotary_and_store_kv, activation.silu_and_mul
         self._gemv = gemv
-        self.fused_gemv = fused_gemv
+        self.fused_gemv_rows = fused_gemv_rows
 
-    def _one_row(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
-        return self.fused_gemv and x.shape[0] == 1 and weight.dtype in (torch.float16, torch.bfloat16)
+    def _fused(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        return 0 < x.shape[0] <= self.fused_gemv_rows and weight.dtype in (torch.float16, torch.bfloat16)
 
     def norm_and_project(self, x, residual, norm_weight, eps, linear):
-        if not self._one_row(x, linear.weight):
+        if not self._fused(x, linear.weight):
             return super().norm_and_project(x, residual, norm_weight, eps, linear)
         out, residual = self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, linear.weight)
         return linear.reduce(out), residual
 
     def norm_and_matmul(self, x, residual, norm_weight, eps, weight):
-        if not self._one_row(x, weight):
+        if not self._fused(x, weight):
             return super().norm_and_matmul(x, residual, norm_weight, eps, weight)
         return self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, weight)
 
     def project(self, x, linear, residual):
-        if not self._one_row(x, linear.weight):
+        if not self._fused(x, linear.weight):
             return linear(x), residual
-        return self._project_one_row(self._gemv.gemv, x, linear, residual)
+        return self._project_fused(self._gemv.gemv, x, linear, residual)
 
     def activate_and_project(self, gate_up, linear, residual):
-        if not self._one_row(gate_up, linear.weight):
+        if not self._fused(gate_up, linear.weight):
             return super().activate_and_project(gate_up, linear, residual)
-        return self._project_one_row(self._gemv.silu_mul_gemv, gate_up, linear, residual)
+        return self._project_fused(self._gemv.silu_mul_gemv, gate_up, linear, residual)
 
     @staticmethod
-    def _project_one_row(kernel, x, linear, residual):
+    def _project_fused(kernel, x, linear, residual):
         """The residual joins the projection's output in the kernel where no all-reduce comes between."""
         if residual is not None and linear.parallel.size == 1:
             return kernel(x, linear.weight, addend=residual), None
@@ -175,8 +178,8 @@ class TritonOps(ComposedOps):
         return self._rotary_store_kv(q, k, v, *kv_cache, slot_mapping, *context)
 
 
-def ops_for(device: torch.device, fused_gemv: bool = True) -> TorchOps | TritonOps:
-    return TritonOps(fused_gemv) if device.type == "cuda" else TorchOps()
+def ops_for(device: torch.device, fused_gemv_rows: int = 32) -> TorchOps | TritonOps:
+    return TritonOps(fused_gemv_rows) if device.type == "cuda" else TorchOps()
 
 
 def attention_backend_for(device: torch.device):

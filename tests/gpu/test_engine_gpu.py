@@ -100,7 +100,11 @@ def test_bfloat16_agrees_with_transformers_bfloat16(tiny_dir):
     that close, greedy may legitimately pick the other and the sequences diverge from there. We require
     the first token of every prompt to agree, most prompts to agree for 8+ tokens, and the chosen tokens'
     log-probabilities on the common prefix to agree within 0.1 nats."""
+    from bento_pagedllm.kernels import gemv
+
     ours = run_engine(tiny_dir, "bfloat16")
+    # batches of up to 32 decoding sequences project through the tensor-core tiles of kernels/gemv.py
+    assert any(key[:2] == (4096, 256) for key in gemv._tuned_rows.cache)
     long_agreements = 0
     for out, (tokens, logprobs) in zip(ours, reference(tiny_dir, torch.bfloat16)):
         common = 0
@@ -134,8 +138,8 @@ def test_a_bfloat16_single_stream_through_the_fused_projections(tiny_dir):
     ids = prompts()[5]  # 160 tokens
     fused = run_single_stream(tiny_dir, "bfloat16", ids)
     # the LM head of this model (4,096 x 256, the norm folded in) was tuned: the fused path ran
-    assert any(key[:2] == (4096, 256) for key in gemv._tuned_kernel.cache)
-    plain = run_single_stream(tiny_dir, "bfloat16", ids, fused_gemv=False)
+    assert any(key[:2] == (4096, 256) for key in gemv._tuned_one_row.cache)
+    plain = run_single_stream(tiny_dir, "bfloat16", ids, fused_gemv_rows=0)
     (tokens, logprobs), = [ref for n, ref in zip(LENGTHS, reference(tiny_dir, torch.bfloat16)) if n == len(ids)]
     for other_tokens, other_logprobs in ((plain.token_ids, [lp.logprob for lp in plain.logprobs]), (tokens, logprobs)):
         common = 0
