@@ -51,6 +51,13 @@ case $part in
     run gemv_rows 150 $PY bench/gemv.py --rows 1,2,4,8,16,32,64 --shapes llama2-7b,llama3-8b --out "$out/gemv_rows.json"
     run gpu_tests 380 $PY -m pytest -q -x -p no:cacheprovider tests/gpu
     ;;
+  rows_probe)
+    # issue 5: the tensor-core tiles against cuBLAS at 1 to 32 rows; where a small decode step's time goes
+    run gemv_rows 100 $PY bench/gemv.py --rows 1,4,16,32 --shapes llama2-7b --out "$out/gemv_rows.json"
+    run step_llama2-7b 120 $PY bench/mixed_step.py --shape llama2-7b --batches 8,16,32 --prompts 0 --context 1000 --fused-gemv-rows 0 --profile-dir "$out/prof" --out "$out/step_llama2-7b.json"
+    run step_llama3-8b 120 $PY bench/mixed_step.py --shape llama3-8b --batches 8,32,256 --prompts 0 --context 1000 --fused-gemv-rows 0 --profile-dir "$out/prof" --out "$out/step_llama3-8b.json"
+    run gpu_engine_tests 150 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
+    ;;
   rows_offline)
     # issue 5: offline throughput with small decode batches through the fused projections (32 rows, the
     # default), through cuBLAS (0), and fused again (the first run on a fresh machine compiles in its clock)

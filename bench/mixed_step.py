@@ -76,6 +76,19 @@ def time_forward(model, args, runs: int) -> dict:
             "wall_ms": statistics.median(wall)}
 
 
+def profile_graph(runner, host: dict, path: str) -> None:
+    """The kernels of 5 replays of the decode graph, by total device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            runner.graphs.run(host["input_ids"], host["positions"], host["slots"], host["seq_lens"], host["tables"])
+        torch.cuda.synchronize()
+    with open(path, "w") as f:
+        f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+
+
 @torch.inference_mode()
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -84,6 +97,9 @@ def main() -> None:
     parser.add_argument("--prompts", default="0,200,1000")
     parser.add_argument("--context", type=int, default=400)
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--profile-dir", default=None, help="a torch.profiler kernel table per decode graph here")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--fused-gemv-rows", type=int, default=32, help="EngineArgs.fused_gemv_rows")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     from serve import shape_dir
@@ -92,8 +108,8 @@ def main() -> None:
     from bento_pagedllm.config import EngineArgs
 
     engine = LLMEngine(EngineArgs(model=shape_dir(args.shape), load_format="dummy", dtype="bfloat16",
-                                  max_num_seqs=256, max_graph_batch=256, max_model_len=2048,
-                                  max_num_batched_tokens=8192))
+                                  max_num_seqs=256, max_graph_batch=256, max_model_len=args.max_model_len,
+                                  max_num_batched_tokens=8192, fused_gemv_rows=args.fused_gemv_rows))
     runner, model = engine.runner, engine.runner.model
     bs = engine.configs.cache.block_size
     rows = []
@@ -110,6 +126,8 @@ def main() -> None:
                     host["input_ids"], host["positions"], host["slots"], host["seq_lens"], host["tables"]), (),
                     args.runs)
                 row.update({f"graph_{k}": v for k, v in replay.items()})
+                if args.profile_dir:
+                    profile_graph(runner, host, os.path.join(args.profile_dir, f"{args.shape}_b{batch}_c{args.context}.txt"))
             elif runner.mixed_graphs is not None and runner.mixed_graphs.fits(len(host["input_ids"]), batch + 1):
                 replay = time_forward(lambda: runner.mixed_graphs.run(
                     host["input_ids"], host["positions"], host["slots"], host["query_lens"], host["seq_lens"],

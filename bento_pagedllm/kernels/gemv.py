@@ -63,10 +63,9 @@ def _gemv_kernel(
 
     total_limit = tl.where(pid == 0, K, 0)  # NOTE: program 0 alone stores x + residual
     squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    if BLOCK_M == 1:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    # the accumulator: [BLOCK_N, BLOCK_K] products (one row) or [BLOCK_N, BLOCK_M] dot products (W's rows
+    # are the tensor cores' M side, which allows their widest instructions; the tokens are their N side)
+    acc = tl.zeros([BLOCK_N, BLOCK_K if BLOCK_M == 1 else BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
         col_mask = cols < K
@@ -90,17 +89,17 @@ def _gemv_kernel(
         if BLOCK_M == 1:
             acc += w.to(tl.float32) * x32  # [BLOCK_N, BLOCK_K]
         elif w.dtype == tl.float32:
-            acc = tl.dot(x32, tl.trans(w), acc, input_precision="ieee")  # [BLOCK_M, BLOCK_N]
+            acc = tl.dot(w, tl.trans(x32), acc, input_precision="ieee")  # [BLOCK_N, BLOCK_M]
         else:  # NOTE: the input tile is rounded to W's dtype for the tensor cores
-            acc = tl.dot(x32.to(w.dtype), tl.trans(w), acc)  # [BLOCK_M, BLOCK_N]
+            acc = tl.dot(w, tl.trans(x32.to(w.dtype)), acc)  # [BLOCK_N, BLOCK_M]
     if BLOCK_M == 1:
-        out = tl.sum(acc, axis=1)[None, :]  # [1, BLOCK_N]
+        out = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1]
     else:
-        out = acc
+        out = acc  # [BLOCK_N, BLOCK_M]
     if RMS_NORM:
-        out = out * tl.rsqrt(tl.sum(squares, axis=1) / K + eps)[:, None]
-    out_offsets = tokens[:, None] * N + rows[None, :]  # [BLOCK_M, BLOCK_N]
-    out_mask = token_mask[:, None] & row_mask[None, :]
+        out = out * tl.rsqrt(tl.sum(squares, axis=1) / K + eps)[None, :]
+    out_offsets = tokens[None, :] * N + rows[:, None]  # [BLOCK_N, BLOCK_M]
+    out_mask = token_mask[None, :] & row_mask[:, None]
     if ADD_TO_OUTPUT:  # the residual add after the projection, rounded as torch rounds both steps
         out = out.to(dtype).to(tl.float32) + tl.load(addend_ptr + out_offsets, mask=out_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -116,11 +115,11 @@ def _row_configs() -> list[triton.Config]:
 
 
 def _tile_configs() -> list[triton.Config]:
-    """A few rows (tensor cores): 16 to 128 rows of W by 64 to 1,024 columns, the W tiles pipelined
-    through shared memory in 2 to 6 stages (the loads in flight that a bandwidth-bound loop needs)."""
-    shapes = [(16, 256, 4, 4), (16, 512, 4, 3), (16, 1024, 8, 2), (16, 128, 4, 6), (32, 128, 4, 4),
-              (32, 256, 4, 4), (32, 256, 8, 3), (32, 512, 8, 3), (64, 64, 4, 6), (64, 128, 4, 4),
-              (64, 256, 8, 3), (128, 128, 8, 3)]
+    """A few rows (tensor cores): 16 to 128 rows of W by 64 to 512 columns, the W tiles pipelined through
+    shared memory in 3 to 6 stages (the loads in flight that a bandwidth-bound loop needs)."""
+    shapes = [(16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 4, 4), (32, 512, 4, 3), (64, 64, 4, 6),
+              (64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 3), (64, 256, 8, 3), (128, 64, 4, 4),
+              (128, 128, 4, 4), (128, 128, 8, 3)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s) for n, k, w, s in shapes]
 
 

@@ -119,7 +119,9 @@ def test_bfloat16_agrees_with_transformers_bfloat16(tiny_dir):
 def run_single_stream(model_dir, dtype, ids, **engine_kwargs):
     from bento_pagedllm import LLMEngine, EngineArgs, SamplingParams
 
-    engine = LLMEngine(EngineArgs(model=model_dir, dtype=dtype, device="cuda", max_model_len=768, **engine_kwargs))
+    # NOTE: a small cache: the two engines of a test must fit beside each other (cycles free them late)
+    engine = LLMEngine(EngineArgs(model=model_dir, dtype=dtype, device="cuda", max_model_len=768, num_kv_blocks=64,
+                                  **engine_kwargs))
     engine.add_request("one", ids, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True))
     final = None
     while engine.has_unfinished_requests():
