@@ -58,6 +58,14 @@ case $part in
     run step_llama3-8b 120 $PY bench/mixed_step.py --shape llama3-8b --batches 8,32,256 --prompts 0 --context 1000 --fused-gemv-rows 0 --profile-dir "$out/prof" --out "$out/step_llama3-8b.json"
     run gpu_engine_tests 150 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
     ;;
+  rows_offline_probe)
+    # issue 5: the tensor-core tiles (activation separate) against cuBLAS, 1 to 64 rows; offline with them
+    # for steps of up to 32 tokens and without (0), 7B and 8B
+    run gemv_rows 150 $PY bench/gemv.py --rows 1,8,16,24,32,48,64 --shapes llama2-7b,llama3-8b --out "$out/gemv_rows.json"
+    for rows in 32 0; do
+      run serve_offline_llama2-7b_rows$rows 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --fused-gemv-rows $rows --out "$out/serve_offline_llama2-7b_rows$rows.json"
+      run serve_offline_llama3-8b_rows$rows 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_rows$rows.json"; done
+    ;;
   rows_offline)
     # issue 5: offline throughput with small decode batches through the fused projections (32 rows, the
     # default), through cuBLAS (0), and fused again (the first run on a fresh machine compiles in its clock)

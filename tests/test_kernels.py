@@ -125,6 +125,7 @@ def test_silu_and_mul_matches_reference(intermediate, dtype):
     (37, 100, None, 3),  # a few rows: the tensor-core tile of 16, rows and columns ragged
     (40, 130, {"BLOCK_N": 16, "BLOCK_K": 64}, 16),
     (24, 96, {"BLOCK_N": 16, "BLOCK_K": 32}, 21),  # a tile of 32
+    (20, 40, {"BLOCK_N": 16, "BLOCK_K": 32}, 64),  # a tile of 64
 ])
 def test_projections_of_a_few_tokens_match_reference(n, k, config, rows, dtype):
     check_gemv(n, k, dtype, DEVICE, config, rows)

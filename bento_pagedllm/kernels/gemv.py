@@ -14,8 +14,8 @@ in `BLOCK_K` column tiles (wide, coalesced loads) and computes the input tile it
   norm reads one input, not two, and nothing stores the sum separately
 
 One row multiplies on the CUDA cores (float32 products summed once at the end); more rows are padded to
-a tile of 16 or 32 and multiplied on the tensor cores (`tl.dot`), whose loop Triton pipelines through
-shared memory. The input is tiny next to W (M x K values against N x K), so every program computes its
+a tile of 16 to 64 and multiplied on the tensor cores (`tl.dot`, W's rows on their M side, the tokens
+on their N side), whose loop Triton pipelines through shared memory. The input is tiny next to W (M x K values against N x K), so every program computes its
 input tiles itself from L2: no second kernel. RMSNorm needs each row's mean of squares, which the program
 gathers in the same pass and applies to its dot products at the end: rms_norm(x) . w = (g * x) . w / rms.
 Program 0 alone stores x + residual.
@@ -135,7 +135,7 @@ def _quick_bench(kernel_call, quantiles):
 
 
 def _tuner(configs: list[triton.Config]):
-    """NOTE: tuned per row tile (BLOCK_M: 1, 16 or 32) too: a decode graph's batch picks its tile."""
+    """NOTE: tuned per row tile (BLOCK_M: 1, 16, 32 or 64) too: a decode graph's batch picks its tile."""
     return triton.autotune(
         configs=configs, key=["N", "K", "BLOCK_M", "ADD_RESIDUAL", "RMS_NORM", "SILU_MUL", "ADD_TO_OUTPUT"],
         do_bench=_quick_bench, prune_configs_by={"early_config_prune": _prune},
@@ -144,7 +144,7 @@ def _tuner(configs: list[triton.Config]):
 
 _tuned_one_row, _tuned_rows = _tuner(_row_configs()), _tuner(_tile_configs())
 
-MAX_ROWS = 32  # NOTE: more rows than this go to cuBLAS (TritonOps); see bench/gemv.py for the crossover
+MAX_ROWS = 64  # NOTE: TritonOps sends more rows to cuBLAS; bench/gemv.py measures the crossover
 
 # NOTE: the interpreter (no CUDA) cannot time configurations; it runs these. Triton reads the switch
 # when kernels are decorated, at import: so does this module.
@@ -153,7 +153,7 @@ INTERPRETER_CONFIGS = ({"BLOCK_N": 4, "BLOCK_K": 64}, {"BLOCK_N": 16, "BLOCK_K":
 
 
 def row_tile(num_rows: int) -> int:
-    """BLOCK_M: 1 for one row, else the rows padded to a tensor-core tile of 16 or 32."""
+    """BLOCK_M: 1 for one row, else the rows padded to a tensor-core tile of 16, 32 or 64."""
     assert 1 <= num_rows <= MAX_ROWS, num_rows
     return 1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows))
 
@@ -204,7 +204,15 @@ def add_rms_norm_gemv(
 
 def silu_mul_gemv(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None,
                   config: dict | None = None) -> torch.Tensor:
-    """x: [M, 2K] (gate then up) -> (silu(gate) * up) @ weight.T (+ addend), [M, N]."""
+    """x: [M, 2K] (gate then up) -> (silu(gate) * up) @ weight.T (+ addend), [M, N].
+
+    NOTE: for more than one row the activation runs as its own kernel first (activation.py): computed in
+    the tensor-core loop, its loads and exp serialise the loop, which Triton pipelines only for W
+    (Llama-2-7B's down projection, 16 rows: 64.5 us against 30.8 for cuBLAS and the separate kernel)."""
+    if x.shape[0] > 1:
+        from .activation import silu_and_mul
+
+        return _launch(silu_and_mul(x), weight, addend=addend, config=config)[0]
     return _launch(x, weight, silu_mul=True, addend=addend, config=config)[0]
 
 
