@@ -66,6 +66,16 @@ case $part in
       run serve_offline_llama2-7b_rows$rows 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --fused-gemv-rows $rows --out "$out/serve_offline_llama2-7b_rows$rows.json"
       run serve_offline_llama3-8b_rows$rows 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_rows$rows.json"; done
     ;;
+  rows16)
+    # issue 5: offline with the tensor-core tiles for decode steps of up to 16 sequences (the default; the
+    # LM head tuned at start-up) against cuBLAS (0); GPU kernel tests; single stream (issue 4)
+    for run_ in 16a 0 16b; do rows=${run_%[ab]}
+      run serve_offline_llama2-7b_rows$run_ 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --fused-gemv-rows $rows --out "$out/serve_offline_llama2-7b_rows$run_.json"; done
+    for rows in 16 0; do
+      run serve_offline_llama3-8b_rows$rows 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_rows$rows.json"; done
+    run single_stream 150 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream.json"
+    run gpu_kernel_tests 150 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "few_tokens or decode"
+    ;;
   rows_offline)
     # issue 5: offline throughput with small decode batches through the fused projections (32 rows, the
     # default), through cuBLAS (0), and fused again (the first run on a fresh machine compiles in its clock)

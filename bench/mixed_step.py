@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--profile-dir", default=None, help="a torch.profiler kernel table per decode graph here")
     parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--fused-gemv-rows", type=int, default=32, help="EngineArgs.fused_gemv_rows")
+    parser.add_argument("--fused-gemv-rows", type=int, default=16, help="EngineArgs.fused_gemv_rows")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     from serve import shape_dir

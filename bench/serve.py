@@ -312,7 +312,7 @@ def main() -> None:
                         help="GPUs (ranks) the model is split over (offline and async modes)")
     parser.add_argument("--peer-all-reduce", action="store_true", help="tensor parallelism: small all-reduces through peer memory")
     parser.add_argument("--no-quiet-gc", action="store_true", help="leave Python's garbage collector as it is")
-    parser.add_argument("--fused-gemv-rows", type=int, default=32,
+    parser.add_argument("--fused-gemv-rows", type=int, default=16,
                         help="EngineArgs.fused_gemv_rows: steps of up to this many tokens project with kernels/gemv.py")
     parser.add_argument("--engine-process", action="store_true",
                         help="async: the engine in a child process (what the service does on CUDA)")

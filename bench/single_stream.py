@@ -75,7 +75,7 @@ def config_dir(shape: dict) -> str:
 
 
 def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | None = None,
-                 tensor_parallel_size: int = 1, peer_all_reduce: bool = True, fused_gemv_rows: int = 32) -> dict:
+                 tensor_parallel_size: int = 1, peer_all_reduce: bool = True, fused_gemv_rows: int = 16) -> dict:
     from bento_pagedllm import LLM, SamplingParams
 
     torch.cuda.synchronize()
@@ -156,7 +156,7 @@ def main() -> None:
     parser.add_argument("--profile-dir", default=None, help="write a torch.profiler table per model here")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the engine splits the model over")
     parser.add_argument("--peer-all-reduce", action="store_true", help="tensor parallelism: small all-reduces through peer memory")
-    parser.add_argument("--fused-gemv-rows", type=int, default=32,
+    parser.add_argument("--fused-gemv-rows", type=int, default=16,
                         help="EngineArgs.fused_gemv_rows; 0: projections through cuBLAS and separate norm/activation kernels")
     args = parser.parse_args()
     if args.profile_dir:

@@ -217,7 +217,7 @@ class EngineConfigs:
     tensor_parallel_size: int = 1  # processes (one device each) the heads and vocabulary are split over
     native_cpu_ops: bool = True  # CPU, float32: fused native operators (kernels/cpu_ops.cpp), not torch's
     peer_all_reduce: bool = False  # CUDA tensor parallelism: small all-reduces through NVLink peer memory
-    fused_gemv_rows: int = 32  # CUDA, 16-bit: steps of up to this many tokens project with kernels/gemv.py
+    fused_gemv_rows: int = 16  # CUDA, 16-bit: steps of up to this many tokens project with kernels/gemv.py
     quiet_gc: bool = False  # freeze the startup heap, collect young objects less often (engine.py)
 
 
@@ -265,7 +265,7 @@ class EngineArgs:
     # On CUDA in 16 bits: the projections of steps of up to this many tokens (decode of a few sequences) as
     # Triton kernels with the RMSNorm or SiLU-and-multiply before them and the residual add after them
     # fused in (kernels/gemv.py, at most its MAX_ROWS). Bigger steps, and 0: cuBLAS and separate kernels.
-    fused_gemv_rows: int = 32
+    fused_gemv_rows: int = 16
     # Tune the process's garbage collector once the engine is built: the startup heap frozen, young
     # objects collected every 20,000 allocations instead of 700 (engine.py::quiet_garbage_collector;
     # `shutdown` unfreezes). For a process that runs one engine for its life: the engine process sets it

@@ -89,6 +89,10 @@ class ModelRunner:
         # set to [] to record every step's (start, end) CUDA events, path ("decode_graph", "mixed_graph" or
         # "eager"), sequences and tokens (bench/timeline.py reads them)
         self.timeline: list | None = None
+        # NOTE: the LM head runs outside the graphs, on each step's logit rows, whose count varies: its
+        # kernels compile and tune now for every row tile they may pick, not inside the first steps to meet them
+        for rows in model.ops.row_counts_to_tune():
+            model.compute_logits(torch.zeros(rows, m.hidden_size, dtype=configs.device.dtype, device=self.device))
         self.graphs = None
         if configs.cuda_graph_max_batch:
             from .cuda_graphs import DecodeGraphs

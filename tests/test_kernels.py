@@ -134,3 +134,17 @@ def test_projections_of_a_few_tokens_match_reference(n, k, config, rows, dtype):
 @pytest.mark.parametrize("num_seqs", [1, 3])
 def test_a_model_step_with_fused_projections_matches_the_unfused_one(num_seqs):
     check_model_with_fused_projections(DEVICE, F16, num_seqs)
+
+
+def test_the_row_tiles_the_engine_tunes_at_start_up():
+    """ModelRunner runs the LM head once per row tile at start-up (it runs outside the graphs, on any
+    number of logit rows): one count per tile kernels/gemv.py may pick up to `fused_gemv_rows`."""
+    from bento_pagedllm.models.ops import TorchOps, TritonOps
+
+    assert TritonOps(0).row_counts_to_tune() == ()
+    assert TritonOps(1).row_counts_to_tune() == (1,)
+    assert TritonOps(16).row_counts_to_tune() == (1, 16)
+    assert TritonOps(64).row_counts_to_tune() == (1, 16, 32, 64)
+    assert TorchOps().row_counts_to_tune() == ()
+    with pytest.raises(ValueError):
+        TritonOps(65)

@@ -120,7 +120,7 @@ _RENAMED = {
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device | None = None,
-                 parallel: ParallelConfig | None = None, fused_gemv_rows: int = 32) -> None:
+                 parallel: ParallelConfig | None = None, fused_gemv_rows: int = 16) -> None:
         super().__init__()
         self.config = config
         self.parallel = parallel = parallel or ParallelConfig()

@@ -64,6 +64,10 @@ class ComposedOps:
         """`project` of silu(gate) * up over the fused gate/up projection's output."""
         return self.project(self.silu_and_mul(gate_up), linear, residual)
 
+    def row_counts_to_tune(self) -> tuple[int, ...]:
+        """A row count for each kernel variant a projection may pick by its row count (none here)."""
+        return ()
+
 
 class TorchOps(ComposedOps):
     def add_rms_norm(self, x, residual, weight, eps):
@@ -125,7 +129,7 @@ class TritonOps(ComposedOps):
     cuBLAS and the separate kernels.
     """
 
-    def __init__(self, fused_gemv_rows: int = 32) -> None:
+    def __init__(self, fused_gemv_rows: int = 16) -> None:
         from ..kernels import activation, gemv, rms_norm as norm, rotary
 
         if not 0 <= fused_gemv_rows <= gemv.MAX_ROWS:
@@ -134,6 +138,10 @@ class TritonOps(ComposedOps):
         self._rotary_store_kv, self.silu_and_mul = rotary.rotary_and_store_kv, activation.silu_and_mul
         self._gemv = gemv
         self.fused_gemv_rows = fused_gemv_rows
+
+    def row_counts_to_tune(self) -> tuple[int, ...]:
+        """One row count per row tile of kernels/gemv.py up to `fused_gemv_rows` (1, 16, 32, 64)."""
+        return tuple(sorted({self._gemv.row_tile(m) for m in range(1, self.fused_gemv_rows + 1)}))
 
     def _fused(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         return 0 < x.shape[0] <= self.fused_gemv_rows and weight.dtype in (torch.float16, torch.bfloat16)
@@ -178,7 +186,7 @@ class TritonOps(ComposedOps):
         return self._rotary_store_kv(q, k, v, *kv_cache, slot_mapping, *context)
 
 
-def ops_for(device: torch.device, fused_gemv_rows: int = 32) -> TorchOps | TritonOps:
+def ops_for(device: torch.device, fused_gemv_rows: int = 16) -> TorchOps | TritonOps:
     return TritonOps(fused_gemv_rows) if device.type == "cuda" else TorchOps()
 
 
