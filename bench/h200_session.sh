@@ -76,6 +76,15 @@ case $part in
     run single_stream 150 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream.json"
     run gpu_kernel_tests 150 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "few_tokens or decode"
     ;;
+  rows16_final)
+    # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;
+    # 8B warm; the GPU tests of the projections and the engine
+    for run_ in 1 2; do
+      run serve_offline_llama2-7b_$run_ 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_$run_.json"; done
+    run serve_offline_llama3-8b 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
+    run gpu_kernel_tests 170 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k few_tokens
+    run gpu_engine_tests 100 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
+    ;;
   rows_offline)
     # issue 5: offline throughput with small decode batches through the fused projections (32 rows, the
     # default), through cuBLAS (0), and fused again (the first run on a fresh machine compiles in its clock)

@@ -94,6 +94,23 @@ def engine_kwargs(args) -> dict:
     return kwargs
 
 
+def record_triton_compiles(start: float) -> list[dict]:
+    """From now on, note each Triton kernel variant this process had not compiled yet (compiled, or loaded
+    from the disk cache, inside the clock): the warm-up should have met them all."""
+    import triton
+
+    compiles: list[dict] = []
+    if not hasattr(triton, "knobs"):  # NOTE: Triton before 3.4 has no hook
+        return compiles
+
+    def hook(*, fn, repr, **kwargs) -> bool:  # noqa: A002 (Triton's keyword)
+        compiles.append({"at_s": round(time.perf_counter() - start, 3), "kernel": fn.name, "variant": repr[:300]})
+        return False  # NOTE: True would skip the compilation
+
+    triton.knobs.runtime.jit_cache_hook = hook
+    return compiles
+
+
 def run_offline(args, requests) -> dict:
     from bento_pagedllm import LLMEngine, EngineArgs, SamplingParams
 
@@ -102,6 +119,7 @@ def run_offline(args, requests) -> dict:
     timeline = engine.runner.timeline = [] if engine.runner.device.type == "cuda" else None
     records = {}
     start = time.perf_counter()
+    compiles = record_triton_compiles(start)
     for r in requests:
         engine.add_request(str(r["id"]), r["prompt_ids"], SamplingParams(max_tokens=r["max_tokens"],
                                                                           temperature=0.0, ignore_eos=True))
@@ -116,7 +134,7 @@ def run_offline(args, requests) -> dict:
     wall = time.perf_counter() - start
     extra = {"kv_blocks": engine.block_manager.num_blocks, "preemptions": engine.scheduler.num_preemptions_total,
              "async_scheduling": engine.configs.async_scheduling,
-             "prefix_hit_tokens": engine.block_manager.prefix_hit_tokens}
+             "prefix_hit_tokens": engine.block_manager.prefix_hit_tokens, "triton_compiles_in_run": compiles}
     if timeline is not None:
         from timeline import idle_fraction
 

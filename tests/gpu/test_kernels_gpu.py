@@ -107,8 +107,8 @@ def test_silu_and_mul_matches_reference(intermediate, dtype):
     (12288, 4096, 1), (4096, 11008, 1), (32000, 4096, 1),  # Llama-2-7B's qkv, down projection and LM head
     (6144, 4096, 1), (128256, 4096, 1),  # Llama-3-8B's qkv and LM head
     (960, 576, 1), (576, 1536, 1), (49152, 576, 1),  # SmolLM2's qkv, down projection and (tied) LM head
-    (12288, 4096, 5), (4096, 11008, 32), (32000, 4096, 17),  # decode batches: tensor-core tiles of 16 to 64
-    (576, 1536, 8), (49152, 576, 24), (4096, 4096, 64),
+    (12288, 4096, 5), (4096, 11008, 16), (32000, 4096, 16),  # decode batches: tensor-core tiles of 16 to 64
+    (576, 1536, 8), (4096, 4096, 40),
 ])
 def test_projections_of_a_few_tokens_match_reference(n, k, rows, dtype):
     """The autotuned path the model takes (the tiles picked on the first call)."""
