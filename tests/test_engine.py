@@ -181,3 +181,20 @@ def test_quiet_gc_freezes_the_startup_heap_until_shutdown(tiny_llama3_dir):
     finally:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
+
+
+def test_packed_step_inputs_start_on_16_byte_boundaries():
+    """Each list of a packed upload starts 16-byte aligned whatever the lengths before it (Triton compiles a
+    kernel variant per pointer alignment: a misaligned view would compile one mid-run), values intact."""
+    import torch
+
+    from bento_pagedllm.transfer import pack_to_device
+
+    for dtype in (torch.int32, torch.int64):
+        for n in range(1, 7):
+            lists = {"a": list(range(n)), "b": [7] * (n + 1), "empty": [], "c": [-1, 2, 3]}
+            packed = pack_to_device(lists, dtype, torch.device("cpu"))
+            base = packed["a"].data_ptr()
+            for name, values in lists.items():
+                assert (packed[name].data_ptr() - base) % 16 == 0
+                assert packed[name].dtype == dtype and packed[name].tolist() == values
