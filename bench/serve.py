@@ -103,8 +103,9 @@ def record_triton_compiles(start: float) -> list[dict]:
     if not hasattr(triton, "knobs"):  # NOTE: Triton before 3.4 has no hook
         return compiles
 
-    def hook(*, fn, repr, **kwargs) -> bool:  # noqa: A002 (Triton's keyword)
-        compiles.append({"at_s": round(time.perf_counter() - start, 3), "kernel": fn.name, "variant": repr[:300]})
+    def hook(*, fn, key, **kwargs) -> bool:
+        # NOTE: `key` holds each argument's specialisation (integer class, pointer alignment) and the constants
+        compiles.append({"at_s": round(time.perf_counter() - start, 3), "kernel": fn.name, "key": str(key)[:1000]})
         return False  # NOTE: True would skip the compilation
 
     triton.knobs.runtime.jit_cache_hook = hook
