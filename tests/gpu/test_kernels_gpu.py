@@ -102,14 +102,17 @@ def test_silu_and_mul_matches_reference(intermediate, dtype):
     check_silu_and_mul(517, intermediate, dtype, "cuda")
 
 
-@pytest.mark.parametrize("dtype", [BF16, F16])
-@pytest.mark.parametrize("n,k,rows", [
-    (12288, 4096, 1), (4096, 11008, 1), (32000, 4096, 1),  # Llama-2-7B's qkv, down projection and LM head
-    (6144, 4096, 1), (128256, 4096, 1),  # Llama-3-8B's qkv and LM head
-    (960, 576, 1), (576, 1536, 1), (49152, 576, 1),  # SmolLM2's qkv, down projection and (tied) LM head
-    (12288, 4096, 5), (4096, 11008, 16), (32000, 4096, 16),  # decode batches: tensor-core tiles of 16 to 64
-    (576, 1536, 8), (4096, 4096, 40),
+@pytest.mark.parametrize("n,k,rows,dtype", [
+    # one row: Llama-2-7B's qkv, down projection and LM head, Llama-3-8B's qkv and LM head, SmolLM2's qkv,
+    # down projection and (tied) LM head
+    *[(n, k, 1, BF16) for n, k in [(12288, 4096), (4096, 11008), (32000, 4096), (6144, 4096), (128256, 4096),
+                                   (960, 576), (576, 1536), (49152, 576)]],
+    (12288, 4096, 1, F16), (4096, 11008, 1, F16), (576, 1536, 1, F16),
+    # decode batches: tensor-core tiles of 16 to 64 rows
+    (12288, 4096, 5, BF16), (4096, 11008, 16, BF16), (32000, 4096, 16, BF16), (576, 1536, 8, BF16),
+    (4096, 4096, 40, BF16), (12288, 4096, 9, F16), (4096, 11008, 16, F16),
 ])
 def test_projections_of_a_few_tokens_match_reference(n, k, rows, dtype):
-    """The autotuned path the model takes (the tiles picked on the first call)."""
+    """The autotuned path the model takes (the tiles picked on the first call). NOTE: each new
+    (dtype, row tile, prologue) compiles and tunes every configuration: float16 is checked on a few shapes."""
     check_gemv(n, k, dtype, "cuda", rows=rows)
