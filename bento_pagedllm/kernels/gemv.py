@@ -2,9 +2,9 @@
 y = prologue(x) @ W.T, x: [M, K] with M <= MAX_ROWS.
 
 Why: a decode step of a few sequences reads every weight once, so its time is the weights' bytes over the
-read bandwidth. cuBLAS's one-row products read at 0.73 to 0.88 of the copy bandwidth on the H200 and add
-split-K reduction kernels; and each layer also launches two RMSNorms and a SiLU-and-multiply, 1 to 2 us
-each, whose only job is to produce the projection's input. Here each program streams `BLOCK_N` rows of W
+read bandwidth. cuBLAS's one-row products read at 0.71 to 0.99 of the copy bandwidth on the H200,
+depending on the shape (bench/gemv.py), and add split-K reduction kernels; and each layer also launches
+two RMSNorms and a SiLU-and-multiply, 1 to 2 us each, whose only job is to produce the projection's input. Here each program streams `BLOCK_N` rows of W
 in `BLOCK_K` column tiles (wide, coalesced loads) and computes the input tile itself:
 
 - `gemv`:                y = x W^T
@@ -15,10 +15,10 @@ in `BLOCK_K` column tiles (wide, coalesced loads) and computes the input tile it
 
 One row multiplies on the CUDA cores (float32 products summed once at the end); more rows are padded to
 a tile of 16 to 64 and multiplied on the tensor cores (`tl.dot`, W's rows on their M side, the tokens
-on their N side), whose loop Triton pipelines through shared memory. The input is tiny next to W (M x K values against N x K), so every program computes its
-input tiles itself from L2: no second kernel. RMSNorm needs each row's mean of squares, which the program
-gathers in the same pass and applies to its dot products at the end: rms_norm(x) . w = (g * x) . w / rms.
-Program 0 alone stores x + residual.
+on their N side), whose loop Triton pipelines through shared memory. The input is tiny next to W (M x K
+values against N x K), so every program computes its input tiles itself from L2: no second kernel.
+RMSNorm needs each row's mean of squares, which the program gathers in the same pass and applies to its
+dot products at the end: rms_norm(x) . w = (g * x) . w / rms. Program 0 alone stores x + residual.
 
 Numerics: x + residual and silu(gate) * up are rounded to the input dtype like the unfused kernels
 (rms_norm.py, activation.py); the dot products accumulate in float32, in another order than cuBLAS.
