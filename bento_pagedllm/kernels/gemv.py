@@ -4,8 +4,9 @@ y = prologue(x) @ W.T, x: [M, K] with M <= MAX_ROWS.
 Why: a decode step of a few sequences reads every weight once, so its time is the weights' bytes over the
 read bandwidth. cuBLAS's one-row products read at 0.71 to 0.99 of the copy bandwidth on the H200,
 depending on the shape (bench/gemv.py), and add split-K reduction kernels; and each layer also launches
-two RMSNorms and a SiLU-and-multiply, 1 to 2 us each, whose only job is to produce the projection's input. Here each program streams `BLOCK_N` rows of W
-in `BLOCK_K` column tiles (wide, coalesced loads) and computes the input tile itself:
+two RMSNorms and a SiLU-and-multiply, 1 to 2 us each, whose only job is to produce the projection's input.
+Here each program streams `BLOCK_N` rows of W in `BLOCK_K` column tiles (wide, coalesced loads) and
+computes the input tile itself:
 
 - `gemv`:                y = x W^T
 - `add_rms_norm_gemv`:   y = rms_norm(x + residual) W^T; also returns x + residual (the next residual)
