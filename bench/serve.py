@@ -83,10 +83,10 @@ def engine_kwargs(args) -> dict:
     # NOTE: this process runs one engine, as the engine process does: the same garbage-collector setting
     kwargs = dict(dtype=args.dtype, device=args.device, enable_prefix_caching=not args.no_prefix_caching,
                   tensor_parallel_size=args.tensor_parallel_size, peer_all_reduce=args.peer_all_reduce,
-                  quiet_gc=not args.no_quiet_gc, fused_gemv_rows=args.fused_gemv_rows)
+                  quiet_gc=not args.no_quiet_gc)
     if args.sync_scheduling:
         kwargs["async_scheduling"] = False
-    for name in ("max_num_seqs", "max_num_batched_tokens", "max_graph_batch"):
+    for name in ("max_num_seqs", "max_num_batched_tokens", "max_graph_batch", "fused_gemv_rows"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
     if args.shape:
@@ -331,7 +331,7 @@ def main() -> None:
                         help="GPUs (ranks) the model is split over (offline and async modes)")
     parser.add_argument("--peer-all-reduce", action="store_true", help="tensor parallelism: small all-reduces through peer memory")
     parser.add_argument("--no-quiet-gc", action="store_true", help="leave Python's garbage collector as it is")
-    parser.add_argument("--fused-gemv-rows", type=int, default=16,
+    parser.add_argument("--fused-gemv-rows", type=int, default=None,
                         help="EngineArgs.fused_gemv_rows: steps of up to this many tokens project with kernels/gemv.py")
     parser.add_argument("--engine-process", action="store_true",
                         help="async: the engine in a child process (what the service does on CUDA)")

@@ -75,13 +75,14 @@ def config_dir(shape: dict) -> str:
 
 
 def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | None = None,
-                 tensor_parallel_size: int = 1, peer_all_reduce: bool = True, fused_gemv_rows: int = 16) -> dict:
+                 tensor_parallel_size: int = 1, peer_all_reduce: bool = True, fused_gemv_rows: int | None = None) -> dict:
     from bento_pagedllm import LLM, SamplingParams
 
     torch.cuda.synchronize()
     start = time.perf_counter()
+    optional = {} if fused_gemv_rows is None else {"fused_gemv_rows": fused_gemv_rows}  # None: the engine's default
     llm = LLM(path, load_format="dummy", dtype="bfloat16", device="cuda", tensor_parallel_size=tensor_parallel_size,
-              peer_all_reduce=peer_all_reduce, fused_gemv_rows=fused_gemv_rows)
+              peer_all_reduce=peer_all_reduce, **optional)
     torch.cuda.synchronize()
     startup = time.perf_counter() - start
     params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
@@ -96,7 +97,8 @@ def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | No
     result = {"startup_s": startup, "graph_capture_s": graphs.capture_seconds if graphs else None,
               "mixed_graph_capture_s": mixed.capture_seconds if mixed else None,
               "ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode),
-              "async_scheduling": llm.engine.configs.async_scheduling}
+              "async_scheduling": llm.engine.configs.async_scheduling,
+              "fused_gemv_rows": llm.engine.configs.fused_gemv_rows}
     # where a step's time goes: the device's busy time per step and its idle time between steps
     llm.engine.runner.timeline = []
     llm.generate([prompt], params)
@@ -156,8 +158,8 @@ def main() -> None:
     parser.add_argument("--profile-dir", default=None, help="write a torch.profiler table per model here")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the engine splits the model over")
     parser.add_argument("--peer-all-reduce", action="store_true", help="tensor parallelism: small all-reduces through peer memory")
-    parser.add_argument("--fused-gemv-rows", type=int, default=16,
-                        help="EngineArgs.fused_gemv_rows; 0: projections through cuBLAS and separate norm/activation kernels")
+    parser.add_argument("--fused-gemv-rows", type=int, default=None,
+                        help="EngineArgs.fused_gemv_rows (default: the engine's); 0: projections through cuBLAS and separate norm/activation kernels")
     args = parser.parse_args()
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
@@ -165,7 +167,7 @@ def main() -> None:
     prompt = torch.randint(100, 30000, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
     results = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
                "torch": torch.__version__, "copy_bandwidth_tbs": bandwidth / 1e12,
-               "tensor_parallel_size": args.tensor_parallel_size, "peer_all_reduce": args.peer_all_reduce, "fused_gemv_rows": args.fused_gemv_rows, "models": {}}
+               "tensor_parallel_size": args.tensor_parallel_size, "peer_all_reduce": args.peer_all_reduce, "models": {}}
     for name in args.models:
         path = config_dir(SHAPES[name])
         from bento_pagedllm.config import ModelConfig

@@ -200,6 +200,10 @@ class DeviceConfig:
 # NOTE: a mixed graph's attention launches a program per KV head for every sequence slot it was captured
 # with, used or not (the spare ones exit at once): a bound on that waste.
 MAX_MIXED_GRAPH_SEQS = 256
+# Steps of up to this many tokens project through kernels/gemv.py by default: up to 16 rows its tiles beat
+# cuBLAS plus the separate norm and activation kernels on every Llama-2-7B and Llama-3-8B projection, from
+# 24 cuBLAS wins (H200, BENCHMARKS.md "Small decode batches through the tensor-core tiles").
+FUSED_GEMV_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -217,7 +221,7 @@ class EngineConfigs:
     tensor_parallel_size: int = 1  # processes (one device each) the heads and vocabulary are split over
     native_cpu_ops: bool = True  # CPU, float32: fused native operators (kernels/cpu_ops.cpp), not torch's
     peer_all_reduce: bool = False  # CUDA tensor parallelism: small all-reduces through NVLink peer memory
-    fused_gemv_rows: int = 16  # CUDA, 16-bit: steps of up to this many tokens project with kernels/gemv.py
+    fused_gemv_rows: int = FUSED_GEMV_ROWS  # CUDA, 16-bit: steps of up to this many tokens project with kernels/gemv.py
     quiet_gc: bool = False  # freeze the startup heap, collect young objects less often (engine.py)
 
 
@@ -265,7 +269,7 @@ class EngineArgs:
     # On CUDA in 16 bits: the projections of steps of up to this many tokens (decode of a few sequences) as
     # Triton kernels with the RMSNorm or SiLU-and-multiply before them and the residual add after them
     # fused in (kernels/gemv.py, at most its MAX_ROWS). Bigger steps, and 0: cuBLAS and separate kernels.
-    fused_gemv_rows: int = 16
+    fused_gemv_rows: int = FUSED_GEMV_ROWS
     # Tune the process's garbage collector once the engine is built: the startup heap frozen, young
     # objects collected every 20,000 allocations instead of 700 (engine.py::quiet_garbage_collector;
     # `shutdown` unfreezes). For a process that runs one engine for its life: the engine process sets it

@@ -17,7 +17,6 @@ drain), and a parent that dies closes the pipe, which ends the child.
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 import multiprocessing
 import pickle

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from ..attention import AttentionMetadata, NativeCpuAttentionBackend
-from ..config import ModelConfig
+from ..config import FUSED_GEMV_ROWS, ModelConfig
 from ..distributed.layers import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -120,7 +120,7 @@ _RENAMED = {
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device | None = None,
-                 parallel: ParallelConfig | None = None, fused_gemv_rows: int = 16) -> None:
+                 parallel: ParallelConfig | None = None, fused_gemv_rows: int = FUSED_GEMV_ROWS) -> None:
         super().__init__()
         self.config = config
         self.parallel = parallel = parallel or ParallelConfig()

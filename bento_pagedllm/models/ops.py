@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import write_kv_cache_ref
+from ..config import FUSED_GEMV_ROWS
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -129,7 +130,7 @@ class TritonOps(ComposedOps):
     cuBLAS and the separate kernels.
     """
 
-    def __init__(self, fused_gemv_rows: int = 16) -> None:
+    def __init__(self, fused_gemv_rows: int = FUSED_GEMV_ROWS) -> None:
         from ..kernels import activation, gemv, rms_norm as norm, rotary
 
         if not 0 <= fused_gemv_rows <= gemv.MAX_ROWS:
@@ -186,7 +187,7 @@ class TritonOps(ComposedOps):
         return self._rotary_store_kv(q, k, v, *kv_cache, slot_mapping, *context)
 
 
-def ops_for(device: torch.device, fused_gemv_rows: int = 16) -> TorchOps | TritonOps:
+def ops_for(device: torch.device, fused_gemv_rows: int = FUSED_GEMV_ROWS) -> TorchOps | TritonOps:
     return TritonOps(fused_gemv_rows) if device.type == "cuda" else TorchOps()
 
 
