@@ -3,8 +3,10 @@
 
 Each call is timed inside a CUDA graph (triton.testing.do_bench_cudagraph), so launch gaps do not count;
 bandwidth = the weight's bytes / time. The fused line is each kernel as the model calls it (the norm's
-input already the residual sum; o and down adding the residual to their output); the unfused line is
-cuBLAS plus the separate RMSNorm-with-residual-add or SiLU-and-multiply kernel the model launches otherwise.
+input already the residual sum; gate/up with the SwiGLU epilogue; o and down adding the residual to their
+output), with programmatic dependent launch off and, on compute capability 9+, on (`_pdl`: the graph's
+back-to-back calls overlap as a decode step's chain of kernels does); the unfused line is cuBLAS plus
+the separate RMSNorm-with-residual-add or SiLU-and-multiply kernel the model launches otherwise.
 
     python bench/gemv.py --rows 1,2,4,8,16,32,64 --out bench/results/gemv.json
 
@@ -14,23 +16,25 @@ cuBLAS plus the separate RMSNorm-with-residual-add or SiLU-and-multiply kernel t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import torch
 import triton.testing
 
 from bento_pagedllm.kernels import activation, gemv, rms_norm
+from bento_pagedllm.models.ops import supports_dependent_launch
 from single_stream import copy_bandwidth
 
 # (name, N, K, prologue): the projections of Llama-2-7B, Llama-3-8B and SmolLM2-135M
 SHAPES = [  # NOTE: the LM head's norm has no residual to add either
     ("llama2-7b qkv", 12288, 4096, "norm"), ("llama2-7b o", 4096, 4096, "none"),
-    ("llama2-7b gate_up", 22016, 4096, "norm"), ("llama2-7b down", 4096, 11008, "silu"),
+    ("llama2-7b gate_up", 22016, 4096, "swiglu"), ("llama2-7b down", 4096, 11008, "none"),
     ("llama2-7b lm_head", 32000, 4096, "norm"),
-    ("llama3-8b qkv", 6144, 4096, "norm"), ("llama3-8b gate_up", 28672, 4096, "norm"),
-    ("llama3-8b down", 4096, 14336, "silu"), ("llama3-8b lm_head", 128256, 4096, "norm"),
-    ("smollm2 qkv", 960, 576, "norm"), ("smollm2 o", 576, 576, "none"), ("smollm2 gate_up", 3072, 576, "norm"),
-    ("smollm2 down", 576, 1536, "silu"), ("smollm2 lm_head", 49152, 576, "norm"),
+    ("llama3-8b qkv", 6144, 4096, "norm"), ("llama3-8b gate_up", 28672, 4096, "swiglu"),
+    ("llama3-8b down", 4096, 14336, "none"), ("llama3-8b lm_head", 128256, 4096, "norm"),
+    ("smollm2 qkv", 960, 576, "norm"), ("smollm2 o", 576, 576, "none"), ("smollm2 gate_up", 3072, 576, "swiglu"),
+    ("smollm2 down", 576, 1536, "none"), ("smollm2 lm_head", 49152, 576, "norm"),
 ]
 
 
@@ -63,28 +67,31 @@ def main() -> None:
 
 
 def measure(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float) -> dict:
-    """Time one projection of m tokens three ways: fused (as the model calls it), cuBLAS with the separate
-    kernels, cuBLAS alone."""
+    """Time one projection of m tokens: fused (as the model calls it; with dependent launch where the GPU
+    has it), cuBLAS with the separate kernels, cuBLAS alone."""
     dtype = w.dtype
-    x = torch.randn(m, 2 * k if prologue == "silu" else k, device="cuda", dtype=dtype)
+    x = torch.randn(m, k, device="cuda", dtype=dtype)
     # as the model calls them: the norm's input is already the residual sum, o and down add the residual
     res, g = torch.randn(m, k, device="cuda", dtype=dtype), torch.ones(k, device="cuda", dtype=dtype)
     addend = torch.randn(m, n, device="cuda", dtype=dtype)
     if prologue == "norm":
-        fused = lambda: gemv.add_rms_norm_gemv(x, None, g, eps, w)  # noqa: E731
+        fused = lambda pdl: gemv.add_rms_norm_gemv(x, None, g, eps, w, pdl=pdl)  # noqa: E731
         unfused = lambda: torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w)  # noqa: E731
-    elif prologue == "silu":
-        fused = lambda: gemv.silu_mul_gemv(x, w, addend)  # noqa: E731
-        unfused = lambda: torch.nn.functional.linear(activation.silu_and_mul(x), w)  # noqa: E731
+    elif prologue == "swiglu":
+        fused = lambda pdl: gemv.add_rms_norm_gemv(x, None, g, eps, w, swiglu=True, pdl=pdl)  # noqa: E731
+        unfused = lambda: activation.silu_and_mul(  # noqa: E731
+            torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w))
     else:
-        fused = lambda: gemv.gemv(x, w, addend)  # noqa: E731
+        fused = lambda pdl: gemv.gemv(x, w, addend, pdl=pdl)  # noqa: E731
         unfused = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
     weight_bytes = n * k * w.element_size()
     row = {"name": name, "n": n, "k": k, "rows": m, "prologue": prologue, "weight_mb": weight_bytes / 1e6}
-    timed = [("cublas_unfused", unfused), ("cublas_matmul_only", lambda: torch.nn.functional.linear(x[:, :k], w))]
+    timed = [("cublas_unfused", unfused), ("cublas_matmul_only", lambda: torch.nn.functional.linear(x, w))]
     if m <= gemv.MAX_ROWS:
-        fused()  # autotune outside the graph
-        timed.insert(0, ("triton_fused", fused))
+        variants = [False, True] if supports_dependent_launch(w.device) else [False]
+        for pdl in reversed(variants):
+            fused(pdl)  # autotune outside the graph
+            timed.insert(0, ("triton_fused" + ("_pdl" if pdl else ""), functools.partial(fused, pdl)))
     for label, fn in timed:
         us = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
         row[f"{label}_us"] = us

@@ -16,7 +16,7 @@ fi
 R=bench/data/requests.jsonl
 BIG="--max-num-seqs 512 --max-num-batched-tokens 8192 --max-graph-batch 512"
 run() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
-  timeout "$limit" "$@" > "$out/$name.log" 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s"; }
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s" | tee -a "$out/session.log"; }
 case $part in
   throughput)
     run serve_offline_llama2-7b 110 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
@@ -75,6 +75,15 @@ case $part in
       run serve_offline_llama3-8b_rows$rows 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_rows$rows.json"; done
     run single_stream 150 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream.json"
     run gpu_kernel_tests 150 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "few_tokens or decode"
+    ;;
+  pdl)
+    # issue 4: the SwiGLU epilogue and programmatic dependent launch (kernels/gemv.py): the kernels with and
+    # without it; single stream with and without; the engine's GPU tests; 7B offline on a fresh machine
+    run gemv_pdl 120 $PY bench/gemv.py --rows 1,16 --shapes llama2-7b,llama3-8b --out "$out/gemv_pdl.json"
+    run single_stream 150 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream.json"
+    run single_stream_nopdl 100 $PY bench/single_stream.py --models smollm2-135m llama2-7b --peers none --runs 3 --no-dependent-launch --out "$out/single_stream_nopdl.json"
+    run gpu_engine_tests 100 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
+    run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
     ;;
   rows16_final)
     # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;

@@ -86,6 +86,8 @@ def engine_kwargs(args) -> dict:
                   quiet_gc=not args.no_quiet_gc)
     if args.sync_scheduling:
         kwargs["async_scheduling"] = False
+    if args.no_dependent_launch:
+        kwargs["dependent_launch"] = False
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_graph_batch", "fused_gemv_rows"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
@@ -134,7 +136,8 @@ def run_offline(args, requests) -> dict:
             record["ok"] = out.finished
     wall = time.perf_counter() - start
     extra = {"kv_blocks": engine.block_manager.num_blocks, "preemptions": engine.scheduler.num_preemptions_total,
-             "async_scheduling": engine.configs.async_scheduling,
+             "async_scheduling": engine.configs.async_scheduling, "fused_gemv_rows": engine.configs.fused_gemv_rows,
+             "dependent_launch": engine.configs.dependent_launch,
              "prefix_hit_tokens": engine.block_manager.prefix_hit_tokens, "triton_compiles_in_run": compiles}
     if timeline is not None:
         from timeline import idle_fraction
@@ -333,6 +336,8 @@ def main() -> None:
     parser.add_argument("--no-quiet-gc", action="store_true", help="leave Python's garbage collector as it is")
     parser.add_argument("--fused-gemv-rows", type=int, default=None,
                         help="EngineArgs.fused_gemv_rows: steps of up to this many tokens project with kernels/gemv.py")
+    parser.add_argument("--no-dependent-launch", action="store_true",
+                        help="EngineArgs.dependent_launch=False: decode kernels in plain stream order")
     parser.add_argument("--engine-process", action="store_true",
                         help="async: the engine in a child process (what the service does on CUDA)")
     parser.add_argument("--no-stream", action="store_true",

@@ -75,14 +75,14 @@ def config_dir(shape: dict) -> str:
 
 
 def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | None = None,
-                 tensor_parallel_size: int = 1, peer_all_reduce: bool = True, fused_gemv_rows: int | None = None) -> dict:
+                 tensor_parallel_size: int = 1, peer_all_reduce: bool = True, **engine_options) -> dict:
+    """engine_options: further EngineArgs; those left out keep the engine's defaults."""
     from bento_pagedllm import LLM, SamplingParams
 
     torch.cuda.synchronize()
     start = time.perf_counter()
-    optional = {} if fused_gemv_rows is None else {"fused_gemv_rows": fused_gemv_rows}  # None: the engine's default
     llm = LLM(path, load_format="dummy", dtype="bfloat16", device="cuda", tensor_parallel_size=tensor_parallel_size,
-              peer_all_reduce=peer_all_reduce, **optional)
+              peer_all_reduce=peer_all_reduce, **engine_options)
     torch.cuda.synchronize()
     startup = time.perf_counter() - start
     params = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
@@ -98,7 +98,8 @@ def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | No
               "mixed_graph_capture_s": mixed.capture_seconds if mixed else None,
               "ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode),
               "async_scheduling": llm.engine.configs.async_scheduling,
-              "fused_gemv_rows": llm.engine.configs.fused_gemv_rows}
+              "fused_gemv_rows": llm.engine.configs.fused_gemv_rows,
+              "dependent_launch": llm.engine.configs.dependent_launch}
     # where a step's time goes: the device's busy time per step and its idle time between steps
     llm.engine.runner.timeline = []
     llm.generate([prompt], params)
@@ -160,6 +161,8 @@ def main() -> None:
     parser.add_argument("--peer-all-reduce", action="store_true", help="tensor parallelism: small all-reduces through peer memory")
     parser.add_argument("--fused-gemv-rows", type=int, default=None,
                         help="EngineArgs.fused_gemv_rows (default: the engine's); 0: projections through cuBLAS and separate norm/activation kernels")
+    parser.add_argument("--no-dependent-launch", action="store_true",
+                        help="EngineArgs.dependent_launch=False: decode kernels in plain stream order")
     args = parser.parse_args()
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
@@ -176,8 +179,11 @@ def main() -> None:
         # NOTE: N ranks stream their 1/N of the weights in parallel: the aggregate roofline
         entry = {"weight_bytes": weight_bytes, "roofline_tok_s": args.tensor_parallel_size * bandwidth / weight_bytes}
         profile_path = os.path.join(args.profile_dir, f"profile_{name}.txt") if args.profile_dir else None
+        options = {} if args.fused_gemv_rows is None else {"fused_gemv_rows": args.fused_gemv_rows}
+        if args.no_dependent_launch:
+            options["dependent_launch"] = False
         entry["engine"] = bench_engine(path, prompt, args.runs, profile_path, args.tensor_parallel_size,
-                                       peer_all_reduce=args.peer_all_reduce, fused_gemv_rows=args.fused_gemv_rows)
+                                       peer_all_reduce=args.peer_all_reduce, **options)
         for peer in [p for p in args.peers.split(",") if p in ("eager", "compile")]:
             entry[f"transformers_{peer}"] = bench_transformers(path, prompt, args.runs, compiled=peer == "compile")
         ours = entry["engine"]["decode_tok_s"]

@@ -27,10 +27,13 @@ class TritonAttentionBackend:
 
     NOTE: owns the split decode kernel's counters, allocated zeroed with the backend (before any graph
     capture) and never reallocated: graphs hold their address, and each launch leaves them zero.
+    `dependent_launch`: decode attention launches as a programmatic dependent of the kernel before it
+    (kernels/gemv.py says why; compute capability 9+ only).
     """
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, dependent_launch: bool = False) -> None:
         self.split_counters = torch.zeros(MAX_SPLIT_PAIRS, dtype=torch.int32, device=device)
+        self.pdl = dependent_launch
 
     def forward(
         self,
@@ -45,7 +48,7 @@ class TritonAttentionBackend:
             num_splits = choose_num_splits(max(meta.seq_lens_host), meta.num_seqs, k_cache.shape[2], q.device)
             return paged_decode_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits=num_splits,
-                split_counters=self.split_counters,
+                split_counters=self.split_counters, pdl=self.pdl,
             )
         return paged_prefill_attention(
             q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,

@@ -222,6 +222,7 @@ class EngineConfigs:
     native_cpu_ops: bool = True  # CPU, float32: fused native operators (kernels/cpu_ops.cpp), not torch's
     peer_all_reduce: bool = False  # CUDA tensor parallelism: small all-reduces through NVLink peer memory
     fused_gemv_rows: int = FUSED_GEMV_ROWS  # CUDA, 16-bit: steps of up to this many tokens project with kernels/gemv.py
+    dependent_launch: bool = True  # CUDA 9.0+: decode kernels launch as programmatic dependents (kernels/gemv.py)
     quiet_gc: bool = False  # freeze the startup heap, collect young objects less often (engine.py)
 
 
@@ -270,6 +271,10 @@ class EngineArgs:
     # Triton kernels with the RMSNorm or SiLU-and-multiply before them and the residual add after them
     # fused in (kernels/gemv.py, at most its MAX_ROWS). Bigger steps, and 0: cuBLAS and separate kernels.
     fused_gemv_rows: int = FUSED_GEMV_ROWS
+    # On GPUs of compute capability 9.0+ (Hopper): the projections, the rotary kernel and decode attention
+    # launch as programmatic dependents of the kernel before them, so each starts (and asks L2 for its
+    # first weights) while the one before finishes (kernels/gemv.py). Off: plain stream order.
+    dependent_launch: bool = True
     # Tune the process's garbage collector once the engine is built: the startup heap frozen, young
     # objects collected every 20,000 allocations instead of 700 (engine.py::quiet_garbage_collector;
     # `shutdown` unfreezes). For a process that runs one engine for its life: the engine process sets it
@@ -325,6 +330,7 @@ class EngineArgs:
             native_cpu_ops=self.native_cpu_ops,
             peer_all_reduce=self.peer_all_reduce,
             fused_gemv_rows=self.fused_gemv_rows,
+            dependent_launch=self.dependent_launch,
             quiet_gc=self.quiet_gc,
         )
 

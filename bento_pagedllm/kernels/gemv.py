@@ -1,5 +1,5 @@
-"""Projections of one to a few tokens (GEMV and skinny GEMM) with the operator before them folded in:
-y = prologue(x) @ W.T, x: [M, K] with M <= MAX_ROWS.
+"""Projections of one to a few tokens (GEMV and skinny GEMM) with the operators around them folded in:
+y = epilogue(prologue(x) @ W.T), x: [M, K] with M <= MAX_ROWS.
 
 Why: a decode step of a few sequences reads every weight once, so its time is the weights' bytes over the
 read bandwidth. cuBLAS's one-row products read at 0.71 to 0.99 of the copy bandwidth on the H200,
@@ -10,9 +10,12 @@ computes the input tile itself:
 
 - `gemv`:                y = x W^T
 - `add_rms_norm_gemv`:   y = rms_norm(x + residual) W^T; also returns x + residual (the next residual)
-- `silu_mul_gemv`:       y = (silu(gate) * up) W^T, with gate and up the two halves of each row of x
-- `gemv` and `silu_mul_gemv` may also add a matrix to y (the residual stream: `addend`), so the next
-  norm reads one input, not two, and nothing stores the sum separately
+- `add_rms_norm_gemv(swiglu=True)`: y = silu(g) * u, [g; u] = rms_norm(x + residual) [W_gate; W_up]^T:
+  each program takes BLOCK_N rows of W_gate and the same rows of W_up, so the MLP's activation is its
+  epilogue and the down projection reads a plain vector (a SiLU in the down projection's prologue was
+  recomputed by every program over the whole row: 3.2 TB/s against 4.1 for o's plain GEMV)
+- `gemv` may also add a matrix to y (the residual stream: `addend`), so the next norm reads one input,
+  not two, and nothing stores the sum separately
 
 One row multiplies on the CUDA cores (float32 products summed once at the end); more rows are padded to
 a tile of 16 to 64 and multiplied on the tensor cores (`tl.dot`, W's rows on their M side, the tokens
@@ -21,16 +24,22 @@ values against N x K), so every program computes its input tiles itself from L2:
 RMSNorm needs each row's mean of squares, which the program gathers in the same pass and applies to its
 dot products at the end: rms_norm(x) . w = (g * x) . w / rms. Program 0 alone stores x + residual.
 
+`pdl` (CUDA, compute capability 9+): the kernel is launched as a programmatic dependent of the one
+before it, so its programs start while that kernel's last ones finish; each asks L2 for its first W
+tile, then waits (`gdc_wait`) before it reads anything another kernel writes. A decode step is a chain
+of ~6 kernels a layer, and each boundary otherwise leaves the memory system idle for the launch and the
+first loads' latency.
+
 Numerics: x + residual and silu(gate) * up are rounded to the input dtype like the unfused kernels
-(rms_norm.py, activation.py); the dot products accumulate in float32, in another order than cuBLAS.
-The norm is NOT rounded element by element as the unfused path rounds the normalised row (twice, to the
-16-bit dtype): the scale comes after the sum; the tensor-core path rounds g * x once, to W's dtype. The
-two differ within that rounding (a relative 2^-8 per term in bfloat16), which the tests bound; float32
-models never take this path.
+(rms_norm.py, activation.py, from the rounded projections); the dot products accumulate in float32, in
+another order than cuBLAS. The norm is NOT rounded element by element as the unfused path rounds the
+normalised row (twice, to the 16-bit dtype): the scale comes after the sum; the tensor-core path rounds
+g * x once, to W's dtype. The two differ within that rounding (a relative 2^-8 per term in bfloat16),
+which the tests bound; float32 models never take this path.
 
 NOTE: for at most MAX_ROWS rows; bigger batches use cuBLAS, whose GEMMs are better there. On CUDA the tiles
-are autotuned per (N, K, prologue, row tile) on the first call (the model's warm-up before each graph
-capture); under Triton's interpreter fixed configurations run.
+are autotuned per (N, K, prologue, epilogue, row tile) on the first call (the model's warm-up before
+each graph capture); under Triton's interpreter fixed configurations run.
 """
 
 from __future__ import annotations
@@ -40,65 +49,85 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .activation import silu_and_mul_tile
+
+
+@triton.jit
+def _prefetch_to_l2(ptrs):
+    """Ask L2 for the cache lines at `ptrs` (one pointer per 128-byte line) without waiting for them:
+    nothing comes back, so the program may go on (here: to wait for the kernel before it)."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 @triton.jit(do_not_specialize=["M"])
 def _gemv_kernel(
     x_ptr, residual_ptr, norm_weight_ptr, w_ptr, addend_ptr, out_ptr, total_ptr,
     M, N, K, stride_w, eps,
-    ADD_RESIDUAL: tl.constexpr, RMS_NORM: tl.constexpr, SILU_MUL: tl.constexpr, ADD_TO_OUTPUT: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ADD_RESIDUAL: tl.constexpr, RMS_NORM: tl.constexpr, SWIGLU: tl.constexpr, ADD_TO_OUTPUT: tl.constexpr,
+    USE_PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One program: all M rows of x against BLOCK_N rows of W. BLOCK_M 1: float32 products summed once at
-    the end (CUDA cores); BLOCK_M >= 16: the rows padded to a tensor-core tile, `tl.dot` per column tile."""
+    """One program: all M rows of x against BLOCK_N rows of W (with SWIGLU, BLOCK_N gate rows and the
+    BLOCK_N up rows N below them). BLOCK_M 1: float32 products summed once at the end (CUDA cores);
+    BLOCK_M >= 16: the rows padded to a tensor-core tile, `tl.dot` per column tile."""
     pid = tl.program_id(0)
     tokens = tl.arange(0, BLOCK_M)  # [BLOCK_M]
     token_mask = tokens < M
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]: rows of W, columns of the output
     row_mask = rows < N
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w  # [BLOCK_N, 1]
-    x_rows = x_ptr + tokens[:, None] * (2 * K if SILU_MUL else K)  # [BLOCK_M, 1]; NOTE: x, residual contiguous
+    up_rows = w_ptr + (rows + N).to(tl.int64)[:, None] * stride_w  # [BLOCK_N, 1]: SWIGLU's up rows
+    x_rows = x_ptr + tokens[:, None] * K  # [BLOCK_M, 1]; NOTE: x, residual contiguous
     dtype = x_ptr.dtype.element_ty
+    if USE_PDL:
+        # NOTE: launched before the kernel ahead of it ends (programmatic dependent launch), the program
+        # may touch nothing that kernel writes until gdc_wait returns. W is read-only: its first tile is
+        # asked of L2 while that kernel's last programs run, and the next kernel may launch from now on.
+        tl.static_assert(BLOCK_K >= 64, "a prefetch per 64 columns: a 128-byte line of 16-bit weights")
+        lines = tl.minimum(tl.arange(0, BLOCK_K // 64) * 64, K - 1)[None, :]  # [1, BLOCK_K / 64]
+        safe_rows = tl.minimum(rows, N - 1)  # [BLOCK_N]
+        _prefetch_to_l2(w_ptr + safe_rows.to(tl.int64)[:, None] * stride_w + lines)
+        if SWIGLU:
+            _prefetch_to_l2(w_ptr + (safe_rows + N).to(tl.int64)[:, None] * stride_w + lines)
+        gdc_wait()
+        gdc_launch_dependents()
 
     total_limit = tl.where(pid == 0, K, 0)  # NOTE: program 0 alone stores x + residual
     squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    # the accumulator: [BLOCK_N, BLOCK_K] products (one row) or [BLOCK_N, BLOCK_M] dot products (W's rows
+    # the accumulators: [BLOCK_N, BLOCK_K] products (one row) or [BLOCK_N, BLOCK_M] dot products (W's rows
     # are the tensor cores' M side, which allows their widest instructions; the tokens are their N side)
     acc = tl.zeros([BLOCK_N, BLOCK_K if BLOCK_M == 1 else BLOCK_M], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_K if BLOCK_M == 1 else BLOCK_M], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         cols = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
         col_mask = cols < K
         x_mask = token_mask[:, None] & col_mask[None, :]  # [BLOCK_M, BLOCK_K]
-        if SILU_MUL:
-            gate = tl.load(x_rows + cols[None, :], mask=x_mask, other=0.0).to(tl.float32)
-            up = tl.load(x_rows + K + cols[None, :], mask=x_mask, other=0.0).to(tl.float32)
-            x32 = silu_and_mul_tile(gate, up, dtype).to(tl.float32)
-        else:
-            x = tl.load(x_rows + cols[None, :], mask=x_mask, other=0.0)
-            if ADD_RESIDUAL:
-                offsets = tokens[:, None] * K + cols[None, :]
-                x = (x.to(tl.float32) + tl.load(residual_ptr + offsets, mask=x_mask, other=0.0).to(tl.float32))
-                x = x.to(dtype)  # NOTE: rounded, like torch's add
-                tl.store(total_ptr + offsets, x, mask=x_mask & (cols < total_limit)[None, :])
-            x32 = x.to(tl.float32)
-            if RMS_NORM:  # each row's 1/rms scales its dot products at the end (one pass over x)
-                squares += x32 * x32
-                x32 = x32 * tl.load(norm_weight_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)  # [BLOCK_N, BLOCK_K]
-        if BLOCK_M == 1:
-            acc += w.to(tl.float32) * x32  # [BLOCK_N, BLOCK_K]
-        elif w.dtype == tl.float32:
-            acc = tl.dot(w, tl.trans(x32), acc, input_precision="ieee")  # [BLOCK_N, BLOCK_M]
-        else:  # NOTE: the input tile is rounded to W's dtype for the tensor cores
-            acc = tl.dot(w, tl.trans(x32.to(w.dtype)), acc)  # [BLOCK_N, BLOCK_M]
-    if BLOCK_M == 1:
-        out = tl.sum(acc, axis=1)[:, None]  # [BLOCK_N, 1]
-    else:
-        out = acc  # [BLOCK_N, BLOCK_M]
+        x = tl.load(x_rows + cols[None, :], mask=x_mask, other=0.0)
+        if ADD_RESIDUAL:
+            offsets = tokens[:, None] * K + cols[None, :]
+            x = (x.to(tl.float32) + tl.load(residual_ptr + offsets, mask=x_mask, other=0.0).to(tl.float32))
+            x = x.to(dtype)  # NOTE: rounded, like torch's add
+            tl.store(total_ptr + offsets, x, mask=x_mask & (cols < total_limit)[None, :])
+        x32 = x.to(tl.float32)
+        if RMS_NORM:  # each row's 1/rms scales its dot products at the end (one pass over x)
+            squares += x32 * x32
+            x32 = x32 * tl.load(norm_weight_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        w_mask = row_mask[:, None] & col_mask[None, :]
+        w = tl.load(w_rows + cols[None, :], mask=w_mask, other=0.0)  # [BLOCK_N, BLOCK_K]
+        acc = _accumulate(acc, w, x32, BLOCK_M)
+        if SWIGLU:
+            acc_up = _accumulate(acc_up, tl.load(up_rows + cols[None, :], mask=w_mask, other=0.0), x32, BLOCK_M)
+    out = _finish(acc, BLOCK_M)  # [BLOCK_N, BLOCK_M]
     if RMS_NORM:
-        out = out * tl.rsqrt(tl.sum(squares, axis=1) / K + eps)[None, :]
+        inv_rms = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)[None, :]  # [1, BLOCK_M]
+        out = out * inv_rms
+    if SWIGLU:  # silu(gate) * up from the rounded projections, as the unfused kernels see them
+        up = _finish(acc_up, BLOCK_M)
+        if RMS_NORM:
+            up = up * inv_rms
+        out = silu_and_mul_tile(out.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype).to(tl.float32)
     out_offsets = tokens[None, :] * N + rows[:, None]  # [BLOCK_N, BLOCK_M]
     out_mask = token_mask[None, :] & row_mask[:, None]
     if ADD_TO_OUTPUT:  # the residual add after the projection, rounded as torch rounds both steps
@@ -106,10 +135,32 @@ def _gemv_kernel(
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
+@triton.jit
+def _accumulate(acc, w, x32, BLOCK_M: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_K] += w * x (one row), or acc [BLOCK_N, BLOCK_M] += w @ x^T (tensor cores)."""
+    if BLOCK_M == 1:
+        acc = acc + w.to(tl.float32) * x32
+    elif w.dtype == tl.float32:
+        acc = tl.dot(w, tl.trans(x32), acc, input_precision="ieee")
+    else:  # NOTE: the input tile is rounded to W's dtype for the tensor cores
+        acc = tl.dot(w, tl.trans(x32.to(w.dtype)), acc)
+    return acc
+
+
+@triton.jit
+def _finish(acc, BLOCK_M: tl.constexpr):
+    """The dot products, [BLOCK_N, BLOCK_M]."""
+    if BLOCK_M == 1:
+        out = tl.sum(acc, axis=1)[:, None]
+    else:
+        out = acc
+    return out
+
+
 def _row_configs() -> list[triton.Config]:
     """One row (CUDA cores): tiles of 1 to 32 rows of W by 128 to 2,048 columns: few rows give enough
     programs for small N, long rows make each load wide; more rows share the input tile's work (the
-    SiLU's exp) among more weights."""
+    norm's sum of squares) among more weights."""
     shapes = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 4), (2, 2048, 8), (4, 1024, 4), (4, 2048, 8), (8, 512, 4),
               (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 128, 4), (32, 256, 8)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w) for n, k, w in shapes]
@@ -138,7 +189,8 @@ def _quick_bench(kernel_call, quantiles):
 def _tuner(configs: list[triton.Config]):
     """NOTE: tuned per row tile (BLOCK_M: 1, 16, 32 or 64) too: a decode graph's batch picks its tile."""
     return triton.autotune(
-        configs=configs, key=["N", "K", "BLOCK_M", "ADD_RESIDUAL", "RMS_NORM", "SILU_MUL", "ADD_TO_OUTPUT"],
+        configs=configs,
+        key=["N", "K", "BLOCK_M", "ADD_RESIDUAL", "RMS_NORM", "SWIGLU", "ADD_TO_OUTPUT", "USE_PDL"],
         do_bench=_quick_bench, prune_configs_by={"early_config_prune": _prune},
     )(_gemv_kernel)
 
@@ -159,12 +211,14 @@ def row_tile(num_rows: int) -> int:
     return 1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows))
 
 
-def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, silu_mul=False, addend=None, config=None):
-    """x: [M, K] ([M, 2K] with silu_mul), weight: [N, K] -> ([M, N], x + residual or None)."""
+def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, swiglu=False, addend=None, pdl=False,
+            config=None):
+    """x: [M, K], weight: [N, K] ([2N, K] with swiglu) -> ([M, N], x + residual or None)."""
     n, k = weight.shape
+    n = n // 2 if swiglu else n
     m = x.shape[0]
-    assert x.is_contiguous() and weight.stride(1) == 1
-    assert x.shape[1] == (2 * k if silu_mul else k), (x.shape, weight.shape)
+    assert x.is_contiguous() and weight.stride(1) == 1 and x.shape[1] == k, (x.shape, weight.shape)
+    assert not swiglu or weight.shape[0] == 2 * n
     assert residual is None or (residual.shape == x.shape and residual.is_contiguous())
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     total = torch.empty_like(x) if residual is not None else out  # NOTE: `out` is a placeholder, never written
@@ -174,47 +228,36 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, silu_mul=False,
     block_m = row_tile(m)
     args = (x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
             weight, addend if addend is not None else x, out, total, m, n, k, weight.stride(0), eps)
-    flags = dict(ADD_RESIDUAL=residual is not None, RMS_NORM=norm_weight is not None, SILU_MUL=silu_mul,
-                 ADD_TO_OUTPUT=addend is not None, BLOCK_M=block_m)
+    flags = dict(ADD_RESIDUAL=residual is not None, RMS_NORM=norm_weight is not None, SWIGLU=swiglu,
+                 ADD_TO_OUTPUT=addend is not None, USE_PDL=pdl, BLOCK_M=block_m,
+                 launch_pdl=pdl, enable_fp_fusion=False)  # NOTE: keep each rounding torch does
     config = config or (INTERPRETER_CONFIGS and INTERPRETER_CONFIGS[block_m > 1])
     if config is None:
         tuned = _tuned_one_row if block_m == 1 else _tuned_rows
-        tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags, enable_fp_fusion=False)
+        tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
     else:
-        _gemv_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](
-            *args, **flags, **config, enable_fp_fusion=False  # NOTE: keep each rounding torch does
-        )
+        _gemv_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](*args, **flags, **config)
     return out, (total if residual is not None else None)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None,
+def gemv(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None, pdl: bool = False,
          config: dict | None = None) -> torch.Tensor:
-    """x: [M, K], weight: [N, K] -> x @ weight.T (+ addend), [M, N]. `config` fixes the tiles (tests)."""
-    return _launch(x, weight, addend=addend, config=config)[0]
+    """x: [M, K], weight: [N, K] -> x @ weight.T (+ addend), [M, N]. `config` fixes the tiles (tests).
+    `pdl`: launch as a programmatic dependent of the kernel before (CUDA, compute capability 9+)."""
+    return _launch(x, weight, addend=addend, pdl=pdl, config=config)[0]
 
 
 def add_rms_norm_gemv(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    config: dict | None = None,
+    swiglu: bool = False, pdl: bool = False, config: dict | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual) @ weight.T, x + residual); with no residual, (rms_norm(x) @ weight.T, x)."""
+    """(rms_norm(x + residual) @ weight.T, x + residual); with no residual, (rms_norm(x) @ weight.T, x).
+
+    swiglu: weight is the fused [gate; up] matrix, [2N, K]; the first result is silu(gate) * up, [M, N]
+    (the MLP's activation, so the down projection reads one plain vector)."""
     assert norm_weight.dtype == x.dtype, "the fused norm keeps the input dtype"
-    out, total = _launch(x, weight, residual, norm_weight, eps, config=config)
+    out, total = _launch(x, weight, residual, norm_weight, eps, swiglu=swiglu, pdl=pdl, config=config)
     return out, (x if residual is None else total)
-
-
-def silu_mul_gemv(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None,
-                  config: dict | None = None) -> torch.Tensor:
-    """x: [M, 2K] (gate then up) -> (silu(gate) * up) @ weight.T (+ addend), [M, N].
-
-    NOTE: for more than one row the activation runs as its own kernel first (activation.py): computed in
-    the tensor-core loop, its loads and exp serialise the loop, which Triton pipelines only for W
-    (Llama-2-7B's down projection, 16 rows: 64.5 us against 30.8 for cuBLAS and the separate kernel)."""
-    if x.shape[0] > 1:
-        from .activation import silu_and_mul
-
-        return _launch(silu_and_mul(x), weight, addend=addend, config=config)[0]
-    return _launch(x, weight, silu_mul=True, addend=addend, config=config)[0]
 
 
 # ---- references: the unfused operators the model runs otherwise ----------------------------------
@@ -223,16 +266,13 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None 
     return out if addend is None else out + addend
 
 
-def add_rms_norm_gemv_ref(x, residual, norm_weight, eps, weight):
+def add_rms_norm_gemv_ref(x, residual, norm_weight, eps, weight, swiglu=False):
+    from .activation import silu_and_mul_ref
     from .rms_norm import fused_add_rms_norm_ref, rms_norm_ref
 
     if residual is None:
-        return gemv_ref(rms_norm_ref(x, norm_weight, eps), weight), x
-    normed, total = fused_add_rms_norm_ref(x, residual, norm_weight, eps)
-    return gemv_ref(normed, weight), total
-
-
-def silu_mul_gemv_ref(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None) -> torch.Tensor:
-    from .activation import silu_and_mul_ref
-
-    return gemv_ref(silu_and_mul_ref(x), weight, addend)
+        normed, total = rms_norm_ref(x, norm_weight, eps), x
+    else:
+        normed, total = fused_add_rms_norm_ref(x, residual, norm_weight, eps)
+    out = gemv_ref(normed, weight)
+    return (silu_and_mul_ref(out) if swiglu else out), total

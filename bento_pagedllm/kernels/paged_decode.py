@@ -22,6 +22,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .attention_tile import LOG2E, attend_kv_tile, dot_precision
 
@@ -72,8 +73,11 @@ def _decode_split_kernel(
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_bt, stride_os, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # NOTE: launched before the kernel ahead ends: read nothing before it is done (gemv.py)
+        gdc_wait()
+        gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -166,6 +170,7 @@ def paged_decode_attention(
     scale: float,
     num_splits: int | None = None,
     split_counters: torch.Tensor | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Attention of each sequence's newest token over its whole paged context: [num_seqs, heads, head_dim].
 
@@ -173,6 +178,7 @@ def paged_decode_attention(
     context that needs no device sync); callers that know the lengths on the host pass
     `choose_num_splits(max(seq_lens), ...)`. `split_counters`: at least num_seqs x num_kv_heads int32
     zeros, left zero after the call (a caller's persistent buffer saves a memset per call; None allocates).
+    `pdl`: launch as a programmatic dependent of the kernel before (kernels/gemv.py says why).
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -207,7 +213,8 @@ def paged_decode_attention(
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
-        SINGLE_SPLIT=single, DOT_PRECISION=dot_precision(q.dtype), num_warps=num_warps, num_stages=num_stages,
+        SINGLE_SPLIT=single, DOT_PRECISION=dot_precision(q.dtype), USE_PDL=pdl, launch_pdl=pdl,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return out
 

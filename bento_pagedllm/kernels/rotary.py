@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -42,8 +43,11 @@ def _rotary_store_kv_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_qot, stride_qoh,
     stride_kcb, stride_kct, stride_kch, stride_vcb, stride_vct, stride_vch, stride_cos,
     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, NUM_KV_HEADS: tl.constexpr, KV_HEADS_PAD: tl.constexpr,
-    HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # NOTE: launched before the kernel ahead ends: read nothing before it is done (gemv.py)
+        gdc_wait()
+        gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token)
     dims = tl.arange(0, HALF)
@@ -82,9 +86,11 @@ def rotary_and_store_kv(
     positions: torch.Tensor,  # [num_tokens] int64
     cos: torch.Tensor,  # [max_pos, head_dim] float32
     sin: torch.Tensor,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """Rotate q (returned as a new contiguous tensor) and k, and store the rotated keys and the values in
-    their cache slots: one launch, and the rotated keys never make a round trip through memory."""
+    their cache slots: one launch, and the rotated keys never make a round trip through memory.
+    `pdl`: launch as a programmatic dependent of the kernel before (kernels/gemv.py says why)."""
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     assert head_dim % 2 == 0 and (head_dim // 2) & (head_dim // 2 - 1) == 0, "head_dim must be a power of two"
@@ -98,7 +104,7 @@ def rotary_and_store_kv(
             q_out.stride(0), q_out.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], cos.stride(0),
             NUM_HEADS=num_heads, HEADS_PAD=triton.next_power_of_2(num_heads),
             NUM_KV_HEADS=num_kv_heads, KV_HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-            HALF=head_dim // 2, BLOCK_SIZE=k_cache.shape[1], num_warps=4,
+            HALF=head_dim // 2, BLOCK_SIZE=k_cache.shape[1], USE_PDL=pdl, launch_pdl=pdl, num_warps=4,
             enable_fp_fusion=False,  # NOTE: a fused multiply-add would skip a rounding torch does
         )
     return q_out

@@ -97,9 +97,10 @@ class LlamaDecoderLayer(nn.Module):
         attn = backend.forward(q, kv_cache, meta, self.scale)  # [num_tokens, num_heads / tp, head_dim]
         # [num_tokens, hidden], all-reduced (and, on the fused one-token path, already added to the residual)
         hidden, residual = ops.project(attn.reshape(num_tokens, self.q_size), self.o_proj, residual)
-        gate_up, residual = ops.norm_and_project(hidden, residual, self.post_attention_layernorm, self.eps,
-                                                 self.gate_up_proj)  # [num_tokens, 2 * intermediate / tp]
-        return ops.activate_and_project(gate_up, self.down_proj, residual)  # as o_proj: [num_tokens, hidden]
+        # silu(gate) * up: [num_tokens, intermediate / tp]
+        act, residual = ops.norm_and_activate(hidden, residual, self.post_attention_layernorm, self.eps,
+                                              self.gate_up_proj)
+        return ops.project(act, self.down_proj, residual)  # as o_proj: [num_tokens, hidden]
 
 
 # transformers name suffix -> (our parameter, which shard of a fused matrix)
@@ -120,13 +121,15 @@ _RENAMED = {
 
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device | None = None,
-                 parallel: ParallelConfig | None = None, fused_gemv_rows: int = FUSED_GEMV_ROWS) -> None:
+                 parallel: ParallelConfig | None = None, fused_gemv_rows: int = FUSED_GEMV_ROWS,
+                 dependent_launch: bool = True) -> None:
         super().__init__()
         self.config = config
         self.parallel = parallel = parallel or ParallelConfig()
         device = device or torch.device("cpu")
-        self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv_rows)  # NOTE: prepare_for_cpu may swap in NativeCpuOps
-        self.backend = attention_backend_for(device)
+        # NOTE: prepare_for_cpu may swap in NativeCpuOps
+        self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv_rows, dependent_launch)
+        self.backend = attention_backend_for(device, dependent_launch)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, parallel) for _ in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size))

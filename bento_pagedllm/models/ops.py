@@ -61,9 +61,10 @@ class ComposedOps:
         the next `add_rms_norm` would make, which takes it with no residual."""
         return linear(x), residual
 
-    def activate_and_project(self, gate_up, linear, residual):
-        """`project` of silu(gate) * up over the fused gate/up projection's output."""
-        return self.project(self.silu_and_mul(gate_up), linear, residual)
+    def norm_and_activate(self, x, residual, norm_weight, eps, gate_up):
+        """(silu(gate) * up, x + residual) of the fused gate/up projection over rms_norm(x + residual)."""
+        out, residual = self.norm_and_project(x, residual, norm_weight, eps, gate_up)
+        return self.silu_and_mul(out), residual
 
     def row_counts_to_tune(self) -> tuple[int, ...]:
         """A row count for each kernel variant a projection may pick by its row count (none here)."""
@@ -125,12 +126,13 @@ class TritonOps(ComposedOps):
     """NOTE: imports Triton on first construction only, so the CPU path never needs it.
 
     Steps of up to `fused_gemv_rows` tokens (single-stream decode, small batches) run their 16-bit
-    projections as one Triton kernel each, with the norm or the activation before them and (at
-    tensor-parallel size 1) the residual add after them folded in (kernels/gemv.py). Bigger steps keep
-    cuBLAS and the separate kernels.
+    projections as one Triton kernel each, with the norm before them, the MLP's activation after gate/up,
+    and (at tensor-parallel size 1) the residual add after o and down folded in (kernels/gemv.py). Bigger
+    steps keep cuBLAS and the separate kernels. `dependent_launch`: the projections and the rotary kernel
+    launch as programmatic dependents of the kernel before them (compute capability 9+ only).
     """
 
-    def __init__(self, fused_gemv_rows: int = FUSED_GEMV_ROWS) -> None:
+    def __init__(self, fused_gemv_rows: int = FUSED_GEMV_ROWS, dependent_launch: bool = False) -> None:
         from ..kernels import activation, gemv, rms_norm as norm, rotary
 
         if not 0 <= fused_gemv_rows <= gemv.MAX_ROWS:
@@ -139,6 +141,7 @@ class TritonOps(ComposedOps):
         self._rotary_store_kv, self.silu_and_mul = rotary.rotary_and_store_kv, activation.silu_and_mul
         self._gemv = gemv
         self.fused_gemv_rows = fused_gemv_rows
+        self.pdl = dependent_launch
 
     def row_counts_to_tune(self) -> tuple[int, ...]:
         """One row count per row tile of kernels/gemv.py up to `fused_gemv_rows` (1, 16, 32, 64)."""
@@ -150,30 +153,29 @@ class TritonOps(ComposedOps):
     def norm_and_project(self, x, residual, norm_weight, eps, linear):
         if not self._fused(x, linear.weight):
             return super().norm_and_project(x, residual, norm_weight, eps, linear)
-        out, residual = self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, linear.weight)
+        out, residual = self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, linear.weight, pdl=self.pdl)
         return linear.reduce(out), residual
 
     def norm_and_matmul(self, x, residual, norm_weight, eps, weight):
         if not self._fused(x, weight):
             return super().norm_and_matmul(x, residual, norm_weight, eps, weight)
-        return self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, weight)
+        return self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, weight, pdl=self.pdl)
+
+    def norm_and_activate(self, x, residual, norm_weight, eps, gate_up):
+        """NOTE: a rank's gate/up shard is its gate rows then the matching up rows (distributed/layers.py),
+        the layout the kernel's epilogue expects; column-parallel, so nothing to reduce."""
+        if not self._fused(x, gate_up.weight):
+            return super().norm_and_activate(x, residual, norm_weight, eps, gate_up)
+        return self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, gate_up.weight, swiglu=True,
+                                            pdl=self.pdl)
 
     def project(self, x, linear, residual):
+        """The residual joins the projection's output in the kernel where no all-reduce comes between."""
         if not self._fused(x, linear.weight):
             return linear(x), residual
-        return self._project_fused(self._gemv.gemv, x, linear, residual)
-
-    def activate_and_project(self, gate_up, linear, residual):
-        if not self._fused(gate_up, linear.weight):
-            return super().activate_and_project(gate_up, linear, residual)
-        return self._project_fused(self._gemv.silu_mul_gemv, gate_up, linear, residual)
-
-    @staticmethod
-    def _project_fused(kernel, x, linear, residual):
-        """The residual joins the projection's output in the kernel where no all-reduce comes between."""
         if residual is not None and linear.parallel.size == 1:
-            return kernel(x, linear.weight, addend=residual), None
-        return linear.reduce(kernel(x, linear.weight)), residual
+            return self._gemv.gemv(x, linear.weight, addend=residual, pdl=self.pdl), None
+        return linear.reduce(self._gemv.gemv(x, linear.weight, pdl=self.pdl)), residual
 
     def add_rms_norm(self, x, residual, weight, eps):
         if residual is None:
@@ -184,18 +186,26 @@ class TritonOps(ComposedOps):
         return positions, cos, sin  # the kernel looks the tables up itself
 
     def rotary_and_store_kv(self, q, k, v, kv_cache, context, slot_mapping):
-        return self._rotary_store_kv(q, k, v, *kv_cache, slot_mapping, *context)
+        return self._rotary_store_kv(q, k, v, *kv_cache, slot_mapping, *context, pdl=self.pdl)
 
 
-def ops_for(device: torch.device, fused_gemv_rows: int = FUSED_GEMV_ROWS) -> TorchOps | TritonOps:
-    return TritonOps(fused_gemv_rows) if device.type == "cuda" else TorchOps()
+def supports_dependent_launch(device: torch.device) -> bool:
+    """Programmatic dependent launch needs a Hopper-or-later GPU (compute capability 9+)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def attention_backend_for(device: torch.device):
+def ops_for(device: torch.device, fused_gemv_rows: int = FUSED_GEMV_ROWS,
+            dependent_launch: bool = True) -> TorchOps | TritonOps:
+    if device.type != "cuda":
+        return TorchOps()
+    return TritonOps(fused_gemv_rows, dependent_launch and supports_dependent_launch(device))
+
+
+def attention_backend_for(device: torch.device, dependent_launch: bool = True):
     if device.type == "cuda":
         from ..attention_triton import TritonAttentionBackend
 
-        return TritonAttentionBackend(device)
+        return TritonAttentionBackend(device, dependent_launch and supports_dependent_launch(device))
     from ..attention import TorchAttentionBackend
 
     return TorchAttentionBackend()

@@ -9,6 +9,7 @@ with |v| <~ 4 that bounds the error near 1.6e-2 relative, the same budget torch.
 
 import pytest
 import torch
+from bento_pagedllm.models.ops import supports_dependent_launch
 from kernel_cases import (
     attention_cases,
     check_backends_agree,
@@ -28,6 +29,8 @@ pytestmark = [
 ]
 
 BF16, F16 = torch.bfloat16, torch.float16
+# the engine's choice on this GPU: kernels launched as programmatic dependents on compute capability 9+
+PDL = torch.cuda.is_available() and supports_dependent_launch(torch.device("cuda"))
 LLAMA2_7B = dict(num_kv_heads=32, group=1, head_dim=128)
 LLAMA3_8B = dict(num_kv_heads=8, group=4, head_dim=128)
 MODELS = {"llama2-7b": LLAMA2_7B, "llama3-8b": LLAMA3_8B}
@@ -71,7 +74,7 @@ BACKEND_CASES = [
 
 @pytest.mark.parametrize("case", DECODE_CASES, ids=str)
 def test_paged_decode_matches_reference(case):
-    check_decode(case, "cuda")
+    check_decode(case, "cuda", pdl=PDL)
 
 
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=str)
@@ -93,7 +96,7 @@ def test_rms_norm_matches_reference(dtype, weight_dtype):
 @pytest.mark.parametrize("num_heads,num_kv_heads,block_size", [(32, 32, 16), (32, 8, 32), (9, 3, 16)])
 def test_rotary_and_kv_store_match_reference(num_heads, num_kv_heads, block_size, dtype):
     check_rotary_and_store_kv(4099, num_heads, num_kv_heads, 128 if num_heads == 32 else 64, block_size, dtype,
-                              "cuda")
+                              "cuda", pdl=PDL)
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16])
@@ -115,4 +118,4 @@ def test_silu_and_mul_matches_reference(intermediate, dtype):
 def test_projections_of_a_few_tokens_match_reference(n, k, rows, dtype):
     """The autotuned path the model takes (the tiles picked on the first call). NOTE: each new
     (dtype, row tile, prologue) compiles and tunes every configuration: float16 is checked on a few shapes."""
-    check_gemv(n, k, dtype, "cuda", rows=rows)
+    check_gemv(n, k, dtype, "cuda", rows=rows, pdl=PDL)
