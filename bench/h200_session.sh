@@ -85,6 +85,16 @@ case $part in
     run gpu_engine_tests 100 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
     run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
     ;;
+  pdl2)
+    # issue 4: + decode attention and rotary reading their inputs before the wait, tiles without PDL:
+    # GPU kernel tests, the kernels, single stream with and without PDL (profiles), engine tests, 8B offline
+    run gpu_kernel_tests 170 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "few_tokens or decode or rotary"
+    run gemv_pdl 80 $PY bench/gemv.py --rows 1,16 --shapes smollm2,llama2-7b --out "$out/gemv_pdl.json"
+    run single_stream 100 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --profile-dir "$out/prof" --out "$out/single_stream.json"
+    run single_stream_nopdl 80 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --no-dependent-launch --out "$out/single_stream_nopdl.json"
+    run gpu_engine_tests 70 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
+    run serve_offline_llama3-8b 50 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
+    ;;
   rows16_final)
     # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;
     # 8B warm; the GPU tests of the projections and the engine

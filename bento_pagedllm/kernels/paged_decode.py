@@ -25,6 +25,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .attention_tile import LOG2E, attend_kv_tile, dot_precision
+from .prefetch import prefetch_to_l2
 
 # A split should read at least one tile of keys (_tile_config: 64 at head_dim 128).
 MIN_TOKENS_PER_SPLIT = 64
@@ -64,6 +65,23 @@ def _tile_config(head_dim: int) -> tuple[int, int, int]:
     return (64 if head_dim <= 128 else 32), 4, 2
 
 
+@triton.jit
+def _prefetch_kv_tile(start, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, stride_kb, stride_kt, stride_kh,
+                      stride_vb, stride_vt, stride_vh, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                      HEAD_DIM: tl.constexpr):
+    """Ask L2 for the K and V rows of keys [start, min(start + BLOCK_N, end)), a request per 64 values
+    (128 bytes of a 16-bit cache)."""
+    keys = start + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+    valid = keys < end
+    blocks = tl.load(table_ptr + keys // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    offsets = keys % BLOCK_SIZE
+    lines = tl.arange(0, (HEAD_DIM + 63) // 64)[None, :] * 64  # [1, HEAD_DIM / 64]
+    k_rows = tl.where(valid, blocks * stride_kb + offsets * stride_kt + kv_head * stride_kh, 0)[:, None]
+    v_rows = tl.where(valid, blocks * stride_vb + offsets * stride_vt + kv_head * stride_vh, 0)[:, None]
+    prefetch_to_l2(k_cache_ptr + k_rows + lines)
+    prefetch_to_l2(v_cache_ptr + v_rows + lines)
+
+
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])  # NOTE: per-step values; see paged_prefill.py
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
@@ -75,9 +93,6 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # NOTE: launched before the kernel ahead ends: read nothing before it is done (gemv.py)
-        gdc_wait()
-        gdc_launch_dependents()
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -88,6 +103,17 @@ def _decode_split_kernel(
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
     full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N  # whole tiles need no mask
+    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    if USE_PDL:
+        # NOTE: launched before the kernel ahead (the rotary kernel, which stores the newest token's K/V)
+        # ends. What it reads until gdc_wait comes from before that kernel: the step's inputs (lengths,
+        # block tables), the cache's older entries. Its first tile's K/V lines are asked of L2 (L2 is
+        # where writes land, so a prefetch cannot serve stale data), and the real loads come after.
+        if split < num_filled:
+            _prefetch_kv_tile(start, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, stride_kb, stride_kt,
+                              stride_kh, stride_vb, stride_vt, stride_vh, BLOCK_SIZE, BLOCK_N, HEAD_DIM)
+        gdc_wait()
+        gdc_launch_dependents()
 
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, HEAD_DIM)
@@ -103,7 +129,6 @@ def _decode_split_kernel(
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
-        table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
         for tile in range(start, full_end, BLOCK_N):
             acc, m_i, l_i = attend_kv_tile(
                 acc, m_i, l_i, q, q_pos, tile, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,

@@ -45,9 +45,6 @@ def _rotary_store_kv_kernel(
     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, NUM_KV_HEADS: tl.constexpr, KV_HEADS_PAD: tl.constexpr,
     HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # NOTE: launched before the kernel ahead ends: read nothing before it is done (gemv.py)
-        gdc_wait()
-        gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token)
     dims = tl.arange(0, HALF)
@@ -58,9 +55,14 @@ def _rotary_store_kv_kernel(
     c2 = tl.load(cos_ptr + table + HALF).to(dtype).to(tl.float32)
     s1 = tl.load(sin_ptr + table).to(dtype).to(tl.float32)
     s2 = tl.load(sin_ptr + table + HALF).to(dtype).to(tl.float32)
+    slot = tl.load(slot_mapping_ptr + token)  # int64
+    if USE_PDL:
+        # NOTE: launched before the kernel ahead (the q/k/v projection) ends: what came before is the
+        # step's inputs and the tables, which no kernel writes; q, k, v only after gdc_wait (gemv.py)
+        gdc_wait()
+        gdc_launch_dependents()
     _rotate_heads(q_ptr, q_out_ptr, stride_qt, stride_qh, stride_qot, stride_qoh, token, c1, c2, s1, s2,
                   NUM_HEADS, HEADS_PAD, HALF)
-    slot = tl.load(slot_mapping_ptr + token)  # int64
     if slot >= 0:  # NOTE: a negative slot is a padding token (a CUDA graph's): its K/V land nowhere
         block = slot // BLOCK_SIZE
         offset = slot % BLOCK_SIZE
