@@ -95,6 +95,20 @@ case $part in
     run gpu_engine_tests 70 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
     run serve_offline_llama3-8b 50 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
     ;;
+  prefix_t0)
+    # issue 5: a shared 1,000-token system prompt on the 500-request workload all at t=0, caching on and off
+    for pc in on off; do flag=$([ $pc = off ] && echo --no-prefix-caching)
+      run prefix_t0_${pc} 100 $PY bench/serve.py --mode async --engine-process --shape llama2-7b --requests $R --shared-prefix-tokens 1000 --dtype bfloat16 $BIG $flag --out "$out/prefix_t0_${pc}_llama2-7b.json"; done
+    ;;
+  closing)
+    # the closing figures of 2026-12-01's second session, on a fresh machine: 7B single stream first (its
+    # start-up is the cold one: every kernel compiles), 7B offline, online through HTTP at t=0, 20 and 40
+    # req/s (issue 5), 7B single stream beside transformers' eager and compiled paths (issue 4)
+    run single_stream_7b_cold 80 $PY bench/single_stream.py --models llama2-7b --peers none --runs 3 --out "$out/single_stream_7b_cold.json"
+    run serve_offline_llama2-7b 60 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    NO_WHEELS=1 RATES="requests requests_rate20 requests_rate40" bash "$0" online "$out/online" > "$out/online.log" 2>&1
+    run single_stream_peers 200 $PY bench/single_stream.py --models llama2-7b --peers eager,compile --runs 2 --out "$out/single_stream_peers.json"
+    ;;
   rows16_final)
     # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;
     # 8B warm; the GPU tests of the projections and the engine

@@ -153,18 +153,20 @@ def _finish(acc, BLOCK_M: tl.constexpr):
 def _row_configs() -> list[triton.Config]:
     """One row (CUDA cores): tiles of 1 to 32 rows of W by 128 to 2,048 columns: few rows give enough
     programs for small N, long rows make each load wide; more rows share the input tile's work (the
-    norm's sum of squares) among more weights."""
-    shapes = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 4), (2, 2048, 8), (4, 1024, 4), (4, 2048, 8), (8, 512, 4),
-              (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 128, 4), (32, 256, 8)]
+    norm's sum of squares) among more weights. NOTE: each of these won for some projection of
+    Llama-2-7B, Llama-3-8B or SmolLM2 on an H200 (bench/gemv.py, 2026-12-01); every configuration costs a
+    compile per kernel variant on a fresh machine's first start."""
+    shapes = [(1, 2048, 4), (2, 1024, 4), (2, 2048, 4), (2, 2048, 8), (4, 1024, 4), (8, 512, 4), (8, 1024, 8),
+              (16, 512, 8), (32, 128, 4), (32, 256, 8)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w) for n, k, w in shapes]
 
 
 def _tile_configs() -> list[triton.Config]:
-    """A few rows (tensor cores): 16 to 128 rows of W by 64 to 512 columns, the W tiles pipelined through
-    shared memory in 3 to 6 stages (the loads in flight that a bandwidth-bound loop needs)."""
-    shapes = [(16, 256, 4, 4), (16, 512, 4, 3), (32, 256, 4, 4), (32, 512, 4, 3), (64, 64, 4, 6),
-              (64, 128, 4, 4), (64, 128, 4, 6), (64, 256, 4, 3), (64, 256, 8, 3), (128, 64, 4, 4),
-              (128, 128, 4, 4), (128, 128, 8, 3)]
+    """A few rows (tensor cores): 32 to 128 rows of W by 64 to 512 columns, the W tiles pipelined through
+    shared memory in 3 to 6 stages (the loads in flight that a bandwidth-bound loop needs). NOTE: as for
+    `_row_configs`, those that won somewhere (16-row tiles and 4-warp 128 x 128 tiles never did)."""
+    shapes = [(32, 256, 4, 4), (32, 512, 4, 3), (64, 64, 4, 6), (64, 128, 4, 6), (64, 256, 4, 3), (64, 256, 8, 3),
+              (128, 64, 4, 4), (128, 128, 8, 3)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s) for n, k, w, s in shapes]
 
 
