@@ -122,7 +122,8 @@ def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | No
 def bench_transformers(path: str, prompt: list[int], runs: int, compiled: bool) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.bfloat16).cuda().eval()
+    with torch.device("cuda"):  # NOTE: random init on the GPU: a minute on the CPU for a 7B model
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.bfloat16).eval()
     # NOTE: with a static cache, generate compiles the decoding forward itself (its CompileConfig:
     # inductor, fullgraph, CUDA graphs); `disable_compile` gives the eager path
     ids = torch.tensor([prompt], device="cuda")
@@ -184,16 +185,22 @@ def main() -> None:
             options["dependent_launch"] = False
         entry["engine"] = bench_engine(path, prompt, args.runs, profile_path, args.tensor_parallel_size,
                                        peer_all_reduce=args.peer_all_reduce, **options)
+        results["models"][name] = entry
         for peer in [p for p in args.peers.split(",") if p in ("eager", "compile")]:
+            save(results, args.out)  # NOTE: what is measured so far survives a time limit
             entry[f"transformers_{peer}"] = bench_transformers(path, prompt, args.runs, compiled=peer == "compile")
+            print(json.dumps({name: {peer: entry[f"transformers_{peer}"]}}), flush=True)
         ours = entry["engine"]["decode_tok_s"]
         entry["ratios"] = {"engine_vs_roofline": ours / entry["roofline_tok_s"], **{
             f"engine_vs_{k}": ours / v["decode_tok_s"] for k, v in entry.items() if k.startswith("transformers_")}}
-        results["models"][name] = entry
         print(json.dumps({name: entry}, indent=2), flush=True)
-    if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out, "w") as f:
+    save(results, args.out)
+
+
+def save(results: dict, out: str | None) -> None:
+    if out:
+        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+        with open(out, "w") as f:
             json.dump(results, f, indent=2)
 
 
