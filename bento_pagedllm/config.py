@@ -268,7 +268,7 @@ class EngineArgs:
     # on 2 H200s (BENCHMARKS.md, tensor parallelism); kept for the latency-bound case it was built for.
     peer_all_reduce: bool = False
     # On CUDA in 16 bits: the projections of steps of up to this many tokens (decode of a few sequences) as
-    # Triton kernels with the RMSNorm or SiLU-and-multiply before them and the residual add after them
+    # Triton kernels with the RMSNorm before them and the SwiGLU activation or the residual add after them
     # fused in (kernels/gemv.py, at most its MAX_ROWS). Bigger steps, and 0: cuBLAS and separate kernels.
     fused_gemv_rows: int = FUSED_GEMV_ROWS
     # On GPUs of compute capability 9.0+ (Hopper): the projections, the rotary kernel and decode attention

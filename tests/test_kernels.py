@@ -148,3 +148,20 @@ def test_the_row_tiles_the_engine_tunes_at_start_up():
     assert TorchOps().row_counts_to_tune() == ()
     with pytest.raises(ValueError):
         TritonOps(65)
+
+
+def test_dependent_launch_is_taken_only_where_the_gpu_has_it():
+    """Programmatic dependent launch needs compute capability 9+: never on the CPU (the interpreter cannot
+    run its instructions), and the setting reaches the engine's configs."""
+    from bento_pagedllm.config import EngineArgs, ModelConfig
+    from bento_pagedllm.models.ops import TorchOps, TritonOps, ops_for, supports_dependent_launch
+
+    cpu = torch.device("cpu")
+    assert not supports_dependent_launch(cpu)
+    assert isinstance(ops_for(cpu, dependent_launch=True), TorchOps)
+    assert TritonOps().pdl is False and TritonOps(16, dependent_launch=True).pdl is True
+    tiny = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=1)
+    for setting in (True, False):
+        args = EngineArgs(model="unused", device="cpu", dependent_launch=setting)
+        assert args.create_configs(tiny, "unused").dependent_launch is setting
