@@ -15,7 +15,7 @@ import triton.language as tl
 @triton.jit
 def silu_and_mul_tile(gate, up, dtype: tl.constexpr):
     """silu(gate) * up for float32 tiles, rounded to `dtype` where torch rounds: silu, then the product.
-    (Also the prologue of the down projection's one-token GEMV, kernels/gemv.py.)"""
+    (Also the epilogue of the gate/up projection of a few tokens, kernels/gemv.py.)"""
     act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     return (act * up).to(dtype)
 
