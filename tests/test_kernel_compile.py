@@ -1,0 +1,96 @@
+"""The GPU-only code of the kernels, compiled for a Hopper GPU on this machine (no GPU needed): Triton
+compiles to PTX and runs ptxas offline, while the interpreter the other kernel tests use never reaches the
+dependent-launch paths (`USE_PDL`), whose instructions exist only on compute capability 9+.
+
+What is checked is the invariant that makes dependent launch safe (kernels/gemv.py): a kernel launched
+before the one ahead of it ends reads nothing that kernel writes until `griddepcontrol.wait`. For the
+projections, nothing but L2 prefetches of W comes before the wait; every kernel lets its own dependents
+launch only after it waited (so the ordering is transitive); without `USE_PDL` none of it is emitted.
+
+NOTE: runs in a subprocess: this session's kernels were decorated under TRITON_INTERPRET=1 (conftest.py),
+and the compiler needs them decorated without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = r'''
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from bento_pagedllm.kernels import gemv, paged_decode, rotary
+
+POINTERS = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "counter_ptr": "*i32", "part_out_ptr": "*fp32",
+            "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "slot_mapping_ptr": "*i64",
+            "positions_ptr": "*i64", "cos_ptr": "*fp32", "sin_ptr": "*fp32"}
+
+
+def ptx(kernel, constants, num_warps=4, num_stages=3):
+    """The kernel's PTX for an H100/H200 (sm_90): 16-bit tensors, 32-bit integers, float scales."""
+    signature = {name: "constexpr" if name in constants else POINTERS.get(name, "*bf16")
+                 if name.endswith("_ptr") else "fp32" if name in ("eps", "qk_scale") else "i32"
+                 for name in kernel.arg_names}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(n),): v for n, v in constants.items()})
+    options = {"launch_pdl": constants["USE_PDL"], "num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def facts(text):
+    wait = text.find("griddepcontrol.wait")
+    return {"wait": wait, "launch": text.find("griddepcontrol.launch_dependents"),
+            "first_load": text.find("ld.global"), "prefetches": text.count("prefetch.global.L2")}
+
+
+result = {}
+for swiglu in (False, True):
+    for pdl in (False, True):
+        constants = dict(ADD_RESIDUAL=swiglu, RMS_NORM=True, SWIGLU=swiglu, ADD_TO_OUTPUT=not swiglu, USE_PDL=pdl,
+                         BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024)
+        result[f"gemv swiglu={swiglu} pdl={pdl}"] = facts(ptx(gemv._gemv_kernel, constants))
+for pdl in (False, True):
+    constants = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_N=64, SINGLE_SPLIT=False,
+                     DOT_PRECISION="tf32", USE_PDL=pdl)
+    result[f"decode pdl={pdl}"] = facts(ptx(paged_decode._decode_split_kernel, constants, num_stages=2))
+    constants = dict(NUM_HEADS=32, HEADS_PAD=32, NUM_KV_HEADS=8, KV_HEADS_PAD=8, HALF=64, BLOCK_SIZE=16,
+                     USE_PDL=pdl)
+    result[f"rotary pdl={pdl}"] = facts(ptx(rotary._rotary_store_kv_kernel, constants))
+print(json.dumps(result))
+'''
+
+
+@pytest.fixture(scope="module")
+def compiled() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0 and "ptxas" in done.stderr and "not found" in done.stderr.lower():
+        pytest.skip("no ptxas in this Triton install")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_a_dependent_projection_only_prefetches_before_it_waits(compiled, swiglu):
+    facts = compiled[f"gemv swiglu={swiglu} pdl=True"]
+    assert facts["wait"] >= 0 and facts["prefetches"] == (2 if swiglu else 1)  # W's first tile (and up's)
+    assert facts["first_load"] > facts["wait"], "a load before the wait could read the previous kernel's output"
+    assert facts["launch"] > facts["wait"], "dependents may launch only after this kernel waited"
+
+
+@pytest.mark.parametrize("kernel", ["decode", "rotary"])
+def test_dependent_attention_kernels_wait_before_letting_the_next_launch(compiled, kernel):
+    facts = compiled[f"{kernel} pdl=True"]
+    assert 0 <= facts["wait"] < facts["launch"]
+
+
+@pytest.mark.parametrize("name", ["gemv swiglu=False", "gemv swiglu=True", "decode", "rotary"])
+def test_plain_launches_emit_no_dependency_control(compiled, name):
+    facts = compiled[f"{name} pdl=False"]
+    assert facts["wait"] == facts["launch"] == -1 and facts["prefetches"] == 0
