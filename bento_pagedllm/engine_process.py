@@ -6,7 +6,7 @@ under load the serving process is CPU-bound and both slow down (BENCHMARKS.md, "
 
 How: the child builds the LLMEngine and runs `EngineLoop` on it. Commands go down a pipe (a forwarder
 thread sends what the callers queue, so `drain` stays safe in a signal handler); each pass of the loop
-comes back as one message: the report for the metrics and the outputs as deltas (request id, the new
+comes back as one message (written by a sender thread, so the loop never waits for the parent to read): the report for the metrics and the outputs as deltas (request id, the new
 tokens and text of each choice, the finish). The parent rebuilds each request's cumulative
 `RequestOutput` from its deltas (`OutputAssembler`), so neither side pickles whole prompts or outputs.
 
@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 
 from .config import EngineArgs
 from .engine import LLMEngine, TokenHook
@@ -111,6 +112,44 @@ class OutputAssembler:
 
 
 # ---- the child ------------------------------------------------------------------------------------
+class _Sender:
+    """The child's messages go up the pipe from a thread of their own.
+
+    Why: a step's message holds a delta for every running request (tens of KB at hundreds of streams),
+    more than a pipe buffers, so a write waits until the parent reads; and the parent reads on a thread
+    that shares its GIL with the HTTP work, which under load holds it for up to the interpreter's switch
+    interval. Written from the loop, that wait would stall the next step's planning. Here the loop only
+    pickles (its own CPU work) and goes on; this thread waits for the pipe, without the GIL.
+    NOTE: one FIFO and one thread: messages arrive in the order the loop made them.
+    """
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._payloads: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._broken: OSError | None = None
+        self._thread = threading.Thread(target=self._run, name="pagedllm-engine-sender", daemon=True)
+        self._thread.start()
+
+    def send(self, message: object) -> None:
+        """Queue a message; raises the pipe's error once the parent is gone (the loop then stops)."""
+        if self._broken is not None:
+            raise BrokenPipeError(f"the serving process went away: {self._broken!r}")
+        self._payloads.put(bytes(ForkingPickler.dumps(message)))  # NOTE: what Connection.send pickles
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Send what is queued (for at most timeout_s), then stop the thread."""
+        self._payloads.put(None)
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while (payload := self._payloads.get()) is not None:
+            try:
+                self._conn.send_bytes(payload)
+            except OSError as error:  # BrokenPipeError, ConnectionResetError: the parent is gone
+                self._broken = error
+                return
+
+
 def _child_main(args: EngineArgs, token_hook: TokenHook | None, request_timeout_s: float | None,
                 conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -124,25 +163,27 @@ def _child_main(args: EngineArgs, token_hook: TokenHook | None, request_timeout_
         conn.send(_Failed(f"{type(error).__name__}: {error}"))
         return
     engine.token_hook = token_hook
+    sender = _Sender(conn)
 
     def sink(report: EngineReport, deliveries: list[Delivery]) -> None:
-        conn.send((report, encode_deliveries(deliveries)))
+        sender.send((report, encode_deliveries(deliveries)))
 
     def receive(block: bool) -> object:
         return conn.recv() if block or conn.poll() else NO_COMMAND
 
     try:
-        conn.send(_Ready())
+        sender.send(_Ready())
         EngineLoop(engine, sink, request_timeout_s).run(receive)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         logger.warning("the serving process went away: the engine process stops")
     except BaseException as error:  # noqa: BLE001 - the loop died: the parent fails the streams
         logger.exception("engine loop failed")
         try:
-            conn.send(_Failed(f"engine loop failed: {error!r}"))
+            sender.send(_Failed(f"engine loop failed: {error!r}"))
         except OSError:
             pass
     finally:
+        sender.close()
         engine.shutdown()
         conn.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pickle
 import signal
 
 import pytest
@@ -205,3 +206,52 @@ async def test_the_engine_process_quiets_its_garbage_collector(tiny_llama3_dir):
     finally:
         await asyncio.to_thread(engine.shutdown)
     assert gc.get_freeze_count() == 0
+
+
+def test_the_engine_loop_does_not_wait_for_the_serving_process_to_read(tiny_llama3_dir):
+    """A step's message goes up the pipe from the child's sender thread: while the parent reads nothing
+    (its reader thread held here, as a busy event loop holds it from the GIL), the engine still finishes
+    its requests, messages far beyond what the pipe buffers. The finish times are stamped in the child."""
+    import threading
+    import time
+
+    from bento_pagedllm.engine_loop import AddRequest
+    from bento_pagedllm.engine_process import EngineProcess
+
+    release, first_batch = threading.Event(), threading.Event()
+    finished: dict[str, float] = {}
+    sizes: list[int] = []
+
+    def on_batch(report, deliveries) -> None:
+        first_batch.set()
+        release.wait()  # NOTE: the parent's reader stalls until the test lets it go
+        sizes.append(len(pickle.dumps(deliveries)))
+        for request_id, wire in deliveries:
+            if not isinstance(wire, BaseException) and wire[1]:  # finished: its metrics' finished_time
+                finished[request_id] = wire[3][3]
+
+    core = EngineProcess(engine_args(tiny_llama3_dir), None, None, on_batch, lambda error: None)
+    try:
+        core.start()
+        # 32 requests x 160 tokens with 5 log-probabilities each: megabytes of deltas, far beyond what the
+        # pipe (a socket pair) buffers
+        params = SamplingParams(max_tokens=160, temperature=0.0, ignore_eos=True, logprobs=5)
+        for i in range(32):
+            core.send(AddRequest(f"r{i}", None, [1, 5 + i, 9, 14], params, None))
+        assert first_batch.wait(60)
+        stalled_at = time.monotonic()
+        time.sleep(STALL_S)  # the tiny model finishes all 32 in 1-2 s on this project's 2-core CPU
+        release.set()
+        deadline = time.monotonic() + 60
+        while len(finished) < 32 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        release.set()
+        core.stop()
+    assert len(finished) == 32
+    took = max(finished.values()) - stalled_at
+    assert took < STALL_S, f"the engine waited for the parent to read ({took:.1f} s after the stall began)"
+    assert sum(sizes) > 800_000  # what went through the pipe while the parent did not read
+
+
+STALL_S = 12.0
