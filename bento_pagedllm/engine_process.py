@@ -6,8 +6,9 @@ under load the serving process is CPU-bound and both slow down (BENCHMARKS.md, "
 
 How: the child builds the LLMEngine and runs `EngineLoop` on it. Commands go down a pipe (a forwarder
 thread sends what the callers queue, so `drain` stays safe in a signal handler); each pass of the loop
-comes back as one message (written by a sender thread, so the loop never waits for the parent to read): the report for the metrics and the outputs as deltas (request id, the new
-tokens and text of each choice, the finish). The parent rebuilds each request's cumulative
+comes back as one message, written by a sender thread so the loop never waits for the parent to read
+(`_Sender`): the report for the metrics and the outputs as deltas (request id, the new tokens and text of
+each choice, the finish). The parent rebuilds each request's cumulative
 `RequestOutput` from its deltas (`OutputAssembler`), so neither side pickles whole prompts or outputs.
 
 NOTE: the child ignores SIGINT and SIGTERM: the parent decides when it stops (a stop command, after a

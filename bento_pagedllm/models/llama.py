@@ -31,7 +31,7 @@ from ..distributed.layers import (
 from ..distributed.parallel_state import ParallelConfig
 from ..kernels import cpu_ops
 from .cpu_linear import CpuLinear
-from .ops import NativeCpuOps, TorchOps, TritonOps, attention_backend_for, ops_for
+from .ops import NativeCpuOps, TorchOps, TritonOps, attention_backend_for, ops_for, supports_dependent_launch
 
 
 def rotary_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -128,8 +128,9 @@ class LlamaForCausalLM(nn.Module):
         self.parallel = parallel = parallel or ParallelConfig()
         device = device or torch.device("cpu")
         # NOTE: prepare_for_cpu may swap in NativeCpuOps
-        self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv_rows, dependent_launch)
-        self.backend = attention_backend_for(device, dependent_launch)
+        pdl = dependent_launch and supports_dependent_launch(device)  # NOTE: the setting, where the GPU has it
+        self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv_rows, pdl)
+        self.backend = attention_backend_for(device, pdl)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, parallel) for _ in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size))

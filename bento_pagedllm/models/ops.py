@@ -195,17 +195,16 @@ def supports_dependent_launch(device: torch.device) -> bool:
 
 
 def ops_for(device: torch.device, fused_gemv_rows: int = FUSED_GEMV_ROWS,
-            dependent_launch: bool = True) -> TorchOps | TritonOps:
-    if device.type != "cuda":
-        return TorchOps()
-    return TritonOps(fused_gemv_rows, dependent_launch and supports_dependent_launch(device))
+            dependent_launch: bool = False) -> TorchOps | TritonOps:
+    """`dependent_launch`: already resolved for the device (`supports_dependent_launch`)."""
+    return TritonOps(fused_gemv_rows, dependent_launch) if device.type == "cuda" else TorchOps()
 
 
-def attention_backend_for(device: torch.device, dependent_launch: bool = True):
+def attention_backend_for(device: torch.device, dependent_launch: bool = False):
     if device.type == "cuda":
         from ..attention_triton import TritonAttentionBackend
 
-        return TritonAttentionBackend(device, dependent_launch and supports_dependent_launch(device))
+        return TritonAttentionBackend(device, dependent_launch)
     from ..attention import TorchAttentionBackend
 
     return TorchAttentionBackend()
