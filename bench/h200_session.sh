@@ -109,6 +109,12 @@ case $part in
     NO_WHEELS=1 RATES="requests requests_rate20 requests_rate40" bash "$0" online "$out/online" > "$out/online.log" 2>&1
     run single_stream_peers 200 $PY bench/single_stream.py --models llama2-7b --peers eager,compile --runs 2 --out "$out/single_stream_peers.json"
     ;;
+  online_ratio)
+    # issue 5 after the engine process's sender thread (2026-12-01, ninth session): offline, then online
+    # through HTTP (engine process) at t=0, 20 and 40 req/s, one machine, one call
+    run serve_offline_llama2-7b 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    NO_WHEELS=1 RATES="requests requests_rate20 requests_rate40" bash "$0" online "$out/online" > "$out/online.log" 2>&1
+    ;;
   rows16_final)
     # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;
     # 8B warm; the GPU tests of the projections and the engine
