@@ -115,6 +115,19 @@ case $part in
     run serve_offline_llama2-7b 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
     NO_WHEELS=1 RATES="requests requests_rate20 requests_rate40" bash "$0" online "$out/online" > "$out/online.log" 2>&1
     ;;
+  fused_rotary)
+    # issues 4 and 5: decode attention rotating q and k and storing the new K/V itself (no rotary kernel in
+    # a decode step), its first K/V tile read before it waits: the GPU kernel tests; single stream from HEAD,
+    # from the commit before (PREV: an export of it, put first on PYTHONPATH) and HEAD again, one machine;
+    # the engine's GPU tests; 7B and 8B offline
+    run gpu_kernel_tests 170 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "decode or backend or rotary"
+    for ab in head prev head2; do
+      [ $ab = prev ] && { [ -n "${PREV:-}" ] || continue; }
+      PYTHONPATH=$([ $ab = prev ] && echo "$PREV:")$PYTHONPATH run single_stream_$ab 90 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream_$ab.json"; done
+    run gpu_engine_tests 100 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
+    run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
+    ;;
   rows16_final)
     # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;
     # 8B warm; the GPU tests of the projections and the engine

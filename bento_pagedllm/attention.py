@@ -1,8 +1,9 @@
 """Paged attention behind one interface: the metadata of a step and the backends that consume it.
 
-The model stores each layer's new keys and values in the cache (with the rotary embedding, one fused
-operator), then calls `backend.forward(q, kv_cache, metadata, scale)`, which reads only the cache. The metadata describes a
-varlen batch: sequence i owns query tokens `query_start_loc[i]:query_start_loc[i+1]` (its new tokens this
+A layer hands its projected q/k/v to `backend.forward_new_tokens`: the rotary embedding and the cache
+write of the new keys and values (the ops' fused operator), then `backend.forward(q, kv_cache, metadata,
+scale)`, which reads only the cache; a backend may fold the first two into its attention kernel (the
+Triton one does for decode steps). The metadata describes a varlen batch: sequence i owns query tokens `query_start_loc[i]:query_start_loc[i+1]` (its new tokens this
 step), which sit at the end of its `seq_lens[i]` context tokens in the cache, found through
 `block_tables[i]`. Prefill chunks, decodes and recomputes are all the same shape of problem.
 """
@@ -101,7 +102,28 @@ def paged_attention_ref(
     return out.transpose(1, 2)
 
 
-class TorchAttentionBackend:
+class AttentionBackend:
+    """What every backend shares: a layer's attention from its projected q/k/v."""
+
+    def forward_new_tokens(
+        self,
+        q: torch.Tensor,  # [num_tokens, num_heads, head_dim], as projected (not yet rotated)
+        k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        v: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        scale: float,
+        ops,  # the model's small operators (models/ops.py): their rotary_and_store_kv
+        rotary_context,  # ops.rotary_context(...) of this step
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        q = ops.rotary_and_store_kv(q, k, v, kv_cache, rotary_context, meta.slot_mapping)
+        return self.forward(q, kv_cache, meta, scale)
+
+    def forward(self, q, kv_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class TorchAttentionBackend(AttentionBackend):
     """The reference path (CPU): SDPA over contexts gathered from the paged cache.
 
     Decodes (one new token each) run as one padded batch; each prefill chunk runs on its own, so a long

@@ -1,8 +1,9 @@
 """The GPU attention path: the same interface as TorchAttentionBackend, served by Triton kernels.
 
-Each layer writes the step's new K/V into the paged cache, then runs one attention launch over the whole
-varlen batch: the split-K decode kernel when every sequence decodes one token (the steady state), the
-prefill kernel otherwise (it takes mixed steps, decodes included, in a single launch).
+When every sequence decodes one token (the steady state), one launch of the split-K decode kernel does a
+layer's whole attention from the projected q/k/v: rotary embedding, the new K/V into the paged cache, and
+attention. Otherwise the rotary kernel stores the new K/V and the prefill kernel attends over the whole
+varlen batch (mixed steps, decodes included, in a single launch).
 
 NOTE: nothing here synchronises with the device: launch sizes come from the metadata's host tuples,
 never from `.item()`/`.tolist()` on its tensors, so a step's layers queue up without stalls.
@@ -12,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .attention import AttentionMetadata
-from .kernels.paged_decode import choose_num_splits, paged_decode_attention
+from .attention import AttentionBackend, AttentionMetadata
+from .kernels.paged_decode import NewKV, choose_num_splits, paged_decode_attention
 from .kernels.paged_prefill import paged_prefill_attention
 
 
@@ -22,7 +23,7 @@ from .kernels.paged_prefill import paged_prefill_attention
 MAX_SPLIT_PAIRS = 4096
 
 
-class TritonAttentionBackend:
+class TritonAttentionBackend(AttentionBackend):
     """Paged attention with Triton kernels (CUDA; the CPU only under TRITON_INTERPRET=1, for tests).
 
     NOTE: owns the split decode kernel's counters, allocated zeroed with the backend (before any graph
@@ -35,6 +36,12 @@ class TritonAttentionBackend:
         self.split_counters = torch.zeros(MAX_SPLIT_PAIRS, dtype=torch.int32, device=device)
         self.pdl = dependent_launch
 
+    def forward_new_tokens(self, q, k, v, kv_cache, meta, scale, ops, rotary_context):
+        if len(meta.decode_indices_host) < meta.num_seqs:
+            return super().forward_new_tokens(q, k, v, kv_cache, meta, scale, ops, rotary_context)
+        _, cos, sin = rotary_context  # NOTE: TritonOps' context: positions (seq_len - 1 here), tables
+        return self._decode(q, kv_cache, meta, scale, NewKV(k, v, meta.slot_mapping, cos, sin))
+
     def forward(
         self,
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
@@ -44,13 +51,17 @@ class TritonAttentionBackend:
     ) -> torch.Tensor:
         k_cache, v_cache = kv_cache
         if len(meta.decode_indices_host) == meta.num_seqs:  # every sequence decodes one token
-            # NOTE: one query token per sequence, so the tokens are the sequences, in order
-            num_splits = choose_num_splits(max(meta.seq_lens_host), meta.num_seqs, k_cache.shape[2], q.device)
-            return paged_decode_attention(
-                q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits=num_splits,
-                split_counters=self.split_counters, pdl=self.pdl,
-            )
+            return self._decode(q, kv_cache, meta, scale, None)
         return paged_prefill_attention(
             q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens,
             max(meta.query_lens_host), scale,
+        )
+
+    def _decode(self, q, kv_cache, meta, scale, new_kv: NewKV | None) -> torch.Tensor:
+        """NOTE: one query token per sequence, so the tokens are the sequences, in order."""
+        k_cache, v_cache = kv_cache
+        num_splits = choose_num_splits(max(meta.seq_lens_host), meta.num_seqs, k_cache.shape[2], q.device)
+        return paged_decode_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits=num_splits,
+            split_counters=self.split_counters, pdl=self.pdl, new_kv=new_kv,
         )

@@ -56,9 +56,11 @@ for swiglu in (False, True):
                          BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024)
         result[f"gemv swiglu={swiglu} pdl={pdl}"] = facts(ptx(gemv._gemv_kernel, constants))
 for pdl in (False, True):
-    constants = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_N=64, SINGLE_SPLIT=False,
-                     DOT_PRECISION="tf32", USE_PDL=pdl)
-    result[f"decode pdl={pdl}"] = facts(ptx(paged_decode._decode_split_kernel, constants, num_stages=2))
+    for fused_rotary in (False, True):
+        constants = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_N=64, SINGLE_SPLIT=False,
+                         ROTARY=fused_rotary, DOT_PRECISION="tf32", USE_PDL=pdl)
+        name = "decode" + (" rotary" if fused_rotary else "")
+        result[f"{name} pdl={pdl}"] = facts(ptx(paged_decode._decode_split_kernel, constants, num_stages=2))
     constants = dict(NUM_HEADS=32, HEADS_PAD=32, NUM_KV_HEADS=8, KV_HEADS_PAD=8, HALF=64, BLOCK_SIZE=16,
                      USE_PDL=pdl)
     result[f"rotary pdl={pdl}"] = facts(ptx(rotary._rotary_store_kv_kernel, constants))
@@ -84,13 +86,13 @@ def test_a_dependent_projection_only_prefetches_before_it_waits(compiled, swiglu
     assert facts["launch"] > facts["wait"], "dependents may launch only after this kernel waited"
 
 
-@pytest.mark.parametrize("kernel", ["decode", "rotary"])
+@pytest.mark.parametrize("kernel", ["decode", "decode rotary", "rotary"])
 def test_dependent_attention_kernels_wait_before_letting_the_next_launch(compiled, kernel):
     facts = compiled[f"{kernel} pdl=True"]
     assert 0 <= facts["wait"] < facts["launch"]
 
 
-@pytest.mark.parametrize("name", ["gemv swiglu=False", "gemv swiglu=True", "decode", "rotary"])
+@pytest.mark.parametrize("name", ["gemv swiglu=False", "gemv swiglu=True", "decode", "decode rotary", "rotary"])
 def test_plain_launches_emit_no_dependency_control(compiled, name):
     facts = compiled[f"{name} pdl=False"]
     assert facts["wait"] == facts["launch"] == -1 and facts["prefetches"] == 0

@@ -74,9 +74,10 @@ def test_kernels_run_under_the_interpreter_without_cuda():
     assert isinstance(paged_decode._decode_split_kernel, InterpretedFunction)
 
 
+@pytest.mark.parametrize("new_kv", [False, True], ids=["cached", "rotated_here"])
 @pytest.mark.parametrize("case", DECODE_CASES, ids=str)
-def test_paged_decode_matches_reference(case):
-    check_decode(case, DEVICE)
+def test_paged_decode_matches_reference(case, new_kv):
+    check_decode(case, DEVICE, new_kv=new_kv)
 
 
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=str)

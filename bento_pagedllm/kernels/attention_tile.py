@@ -24,18 +24,15 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 @triton.jit
-def attend_kv_tile(
-    acc, m_i, l_i,  # running output [M, HEAD_DIM] fp32, max [M] and sum [M] fp32
-    q,  # [M, HEAD_DIM], the program's query rows (M >= 16: tl.dot's smallest shape)
-    q_pos,  # [M] int32, the last key position each row may see (its own position)
+def load_kv_tile(
     start, kv_end,  # the tile covers keys [start, start + BLOCK_N); keys >= kv_end do not exist
     k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-    qk_scale,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    MASKED: tl.constexpr,  # False: every key of the tile exists and every row sees it (no masks at all)
-    DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of the tile exists (no masks at all)
 ):
+    """K transposed [HEAD_DIM, BLOCK_N] and V [BLOCK_N, HEAD_DIM] of one tile, read through the block table
+    (zeros for keys that do not exist: a masked load asks memory for nothing)."""
     keys = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] token positions
     dims = tl.arange(0, HEAD_DIM)
     if MASKED:
@@ -53,17 +50,49 @@ def attend_kv_tile(
     else:
         k = tl.load(k_cache_ptr + k_rows[None, :] + dims[:, None])
         v = tl.load(v_cache_ptr + v_rows[:, None] + dims[None, :])  # [BLOCK_N, HEAD_DIM]
+    return k, v
 
+
+@triton.jit
+def fold_kv_tile(
+    acc, m_i, l_i,  # running output [M, HEAD_DIM] fp32, max [M] and sum [M] fp32
+    q,  # [M, HEAD_DIM], the program's query rows (M >= 16: tl.dot's smallest shape)
+    q_pos,  # [M] int32, the last key position each row may see (its own position)
+    k, v,  # the tile from load_kv_tile
+    start,  # the tile's first key position
+    qk_scale,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every row sees every key of the tile
+    DOT_PRECISION: tl.constexpr,
+):
+    keys = start + tl.arange(0, BLOCK_N)
     s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale  # [M, BLOCK_N] fp32
     if MASKED:
-        # NOTE: keys past kv_end are also past every valid row's position, so the causal test covers them.
+        # NOTE: keys past the tile's end are also past every valid row's position, so the causal test
+        # covers them.
         s = tl.where(keys[None, :] <= q_pos[:, None], s, float("-inf"))
 
-    # NOTE: every row sees the first key of its program's first tile (a prefill row sees key 0; a decode
-    # split starts below its end), so m_new is finite from the first tile on: no -inf - -inf.
+    # NOTE: every row sees at least one key of each tile a program folds in (a prefill row sees key 0; a
+    # decode split folds only tiles holding its keys), so m_new is finite from the first tile on: no
+    # -inf - -inf.
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)  # [M], rescales what was accumulated under the old max
     p = tl.exp2(s - m_new[:, None])  # [M, BLOCK_N]
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
+
+
+@triton.jit
+def attend_kv_tile(
+    acc, m_i, l_i, q, q_pos, start, kv_end,
+    k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
+    stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+    qk_scale,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """load_kv_tile, then fold_kv_tile: one tile of keys [start, start + BLOCK_N) below kv_end."""
+    k, v = load_kv_tile(start, kv_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, stride_kb, stride_kt,
+                        stride_kh, stride_vb, stride_vt, stride_vh, BLOCK_SIZE, BLOCK_N, HEAD_DIM, MASKED)
+    return fold_kv_tile(acc, m_i, l_i, q, q_pos, k, v, start, qk_scale, BLOCK_N, MASKED, DOT_PRECISION)

@@ -13,19 +13,25 @@ occupancy (tuned for an H200: bf16, head_dim 128, block size 16, GQA 4):
   incremented atomically by each split, tells it that it is last (and it resets the counter to zero for
   the next launch). No second kernel: at batch 1 its launch cost as much as the attention (a 1.9 us
   combine after 4.7 us, Llama-2-7B shape). With a single split the program writes the output directly.
+- the new token's key is folded in apart from the cached ones, by the split that holds it. So (1) a
+  program reads its first tile of cached keys before it waits for the kernel ahead (dependent launch:
+  nothing this step writes is in it), and (2) with `NewKV` the kernel takes q, k, v straight from the
+  projection: it applies the rotary embedding itself, stores the new K/V in the cache and attends with
+  them from registers, so a decode step has no rotary kernel and one kernel boundary less a layer (at
+  batch 1 a boundary and a small kernel cost ~3 us against the ~100 us of a Llama-2-7B layer).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .attention_tile import LOG2E, attend_kv_tile, dot_precision
-from .prefetch import prefetch_to_l2
+from .attention_tile import LOG2E, attend_kv_tile, dot_precision, fold_kv_tile, load_kv_tile
 
 # A split should read at least one tile of keys (_tile_config: 64 at head_dim 128).
 MIN_TOKENS_PER_SPLIT = 64
@@ -66,81 +72,129 @@ def _tile_config(head_dim: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def _prefetch_kv_tile(start, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, stride_kb, stride_kt, stride_kh,
-                      stride_vb, stride_vt, stride_vh, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                      HEAD_DIM: tl.constexpr):
-    """Ask L2 for the K and V rows of keys [start, min(start + BLOCK_N, end)), a request per 64 values
-    (128 bytes of a 16-bit cache)."""
-    keys = start + tl.arange(0, BLOCK_N)  # [BLOCK_N]
-    valid = keys < end
-    blocks = tl.load(table_ptr + keys // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
-    offsets = keys % BLOCK_SIZE
-    lines = tl.arange(0, (HEAD_DIM + 63) // 64)[None, :] * 64  # [1, HEAD_DIM / 64]
-    k_rows = tl.where(valid, blocks * stride_kb + offsets * stride_kt + kv_head * stride_kh, 0)[:, None]
-    v_rows = tl.where(valid, blocks * stride_vb + offsets * stride_vt + kv_head * stride_vh, 0)[:, None]
-    prefetch_to_l2(k_cache_ptr + k_rows + lines)
-    prefetch_to_l2(v_cache_ptr + v_rows + lines)
+def _rotate(x_ptr, offsets, partner_offsets, mask, cos, sin_signed):
+    """The rotary embedding of rows of one position: x * cos + roll(x, HALF) * sin_signed, every product
+    and the sum rounded to x's dtype as the model's torch path rounds them (kernels/rotary.py says why the
+    kernel is compiled without FP fusion). cos, sin_signed: [HEAD_DIM] float32, already rounded."""
+    dtype = x_ptr.dtype.element_ty
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    x_partner = tl.load(x_ptr + partner_offsets, mask=mask, other=0.0).to(tl.float32)
+    rotated = (x * cos).to(dtype).to(tl.float32) + (x_partner * sin_signed).to(dtype).to(tl.float32)
+    return rotated.to(dtype)
+
+
+@triton.jit
+def _fold_key(acc, m_i, l_i, q, k, v, qk_scale):
+    """fold_kv_tile for a single key k [HEAD_DIM] and value v [HEAD_DIM]: no tensor-core tile for one."""
+    s = tl.sum(q.to(tl.float32) * k.to(tl.float32)[None, :], axis=1) * qk_scale  # [GROUP_PAD]
+    m_new = tl.maximum(m_i, s)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new)
+    l_i = l_i * alpha + p
+    acc = acc * alpha[:, None] + p[:, None] * v.to(tl.float32)[None, :]
+    return acc, m_new, l_i
 
 
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])  # NOTE: per-step values; see paged_prefill.py
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, counter_ptr,
+    k_new_ptr, v_new_ptr, slot_mapping_ptr, cos_ptr, sin_ptr,
     qk_scale, num_splits, num_heads, num_kv_heads,
-    stride_qs, stride_qh,
+    stride_qs, stride_qh, stride_kns, stride_knh, stride_vns, stride_vnh, stride_cos,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_bt, stride_os, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr, ROTARY: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
+    new_pos = seq_len - 1  # NOTE: the new token is the context's last (decode: one new token)
     # NOTE: each sequence is cut into num_splits pieces of whole tiles; the last pieces may be empty
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     num_filled = tl.cdiv(seq_len, split_len)  # the splits that hold keys: 1..num_splits
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
-    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N  # whole tiles need no mask
+    old_end = tl.minimum(end, new_pos)  # this split's cached keys: [start, old_end); the last split
+    owns_new = split == num_filled - 1  # also folds the new key in
     table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    dims = tl.arange(0, HEAD_DIM)
+    if ROTARY:
+        # the tables' rows at the new position, rounded to the activations' dtype as the torch path does
+        dtype = q_ptr.dtype.element_ty
+        table_row = new_pos.to(tl.int64) * stride_cos + dims
+        cos = tl.load(cos_ptr + table_row).to(dtype).to(tl.float32)
+        sin = tl.load(sin_ptr + table_row).to(dtype).to(tl.float32)
+        sin_signed = tl.where(dims < HEAD_DIM // 2, -sin, sin)  # rotate_half's sign
+        partner = (dims + HEAD_DIM // 2) % HEAD_DIM
+        slot = tl.load(slot_mapping_ptr + seq)  # int64
+    # The first tile of cached keys, read before any wait: no kernel of this step writes them (the new
+    # token's K/V come apart, below), so with dependent launch these loads overlap the kernel ahead.
+    k_first, v_first = load_kv_tile(start, old_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, stride_kb,
+                                    stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, BLOCK_SIZE, BLOCK_N,
+                                    HEAD_DIM, True)
     if USE_PDL:
-        # NOTE: launched before the kernel ahead (the rotary kernel, which stores the newest token's K/V)
-        # ends. What it reads until gdc_wait comes from before that kernel: the step's inputs (lengths,
-        # block tables), the cache's older entries. Its first tile's K/V lines are asked of L2 (L2 is
-        # where writes land, so a prefetch cannot serve stale data), and the real loads come after.
-        if split < num_filled:
-            _prefetch_kv_tile(start, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, stride_kb, stride_kt,
-                              stride_kh, stride_vb, stride_vt, stride_vh, BLOCK_SIZE, BLOCK_N, HEAD_DIM)
+        # NOTE: launched before the kernel ahead ends (the q/k/v projection with ROTARY, else the rotary
+        # kernel, which stores the new token's K/V). Until gdc_wait it read only the step's inputs (lengths,
+        # tables, slots), the rotary tables and older cache entries; q and the new K/V only after it.
         gdc_wait()
         gdc_launch_dependents()
 
     rows = tl.arange(0, GROUP_PAD)
-    dims = tl.arange(0, HEAD_DIM)
     row_valid = rows < GROUP
     heads = kv_head * GROUP + rows  # [GROUP_PAD]
     # partials: [num_seqs, num_heads, num_splits(, HEAD_DIM)], contiguous
     parts = (seq * num_heads + heads) * num_splits  # [GROUP_PAD], split 0 of each head
     if split < num_filled:
-        q = tl.load(q_ptr + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
-                    mask=row_valid[:, None], other=0.0)  # [GROUP_PAD, HEAD_DIM]
-        q_pos = tl.zeros([GROUP_PAD], tl.int32) + end - 1  # every row sees the whole split
+        q_rows = seq * stride_qs + heads[:, None] * stride_qh  # [GROUP_PAD, 1]
+        if ROTARY:  # q, k, v are the projection's: rotate q and k here; store k and v in the cache
+            q = _rotate(q_ptr, q_rows + dims[None, :], q_rows + partner[None, :], row_valid[:, None], cos[None, :],
+                        sin_signed[None, :])  # [GROUP_PAD, HEAD_DIM]
+        else:
+            q = tl.load(q_ptr + q_rows + dims[None, :], mask=row_valid[:, None], other=0.0)
+        q_pos = tl.zeros([GROUP_PAD], tl.int32) + old_end - 1  # every row sees every cached key of the split
 
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
-        for tile in range(start, full_end, BLOCK_N):
+        if old_end > start:  # NOTE: only the last split may hold no cached key (when the new one opens it)
+            acc, m_i, l_i = fold_kv_tile(acc, m_i, l_i, q, q_pos, k_first, v_first, start, qk_scale, BLOCK_N, True,
+                                         DOT_PRECISION)
+        rest = start + BLOCK_N
+        full_end = rest + tl.maximum(old_end - rest, 0) // BLOCK_N * BLOCK_N  # whole tiles need no mask
+        for tile in range(rest, full_end, BLOCK_N):
             acc, m_i, l_i = attend_kv_tile(
-                acc, m_i, l_i, q, q_pos, tile, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
+                acc, m_i, l_i, q, q_pos, tile, old_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, DOT_PRECISION,
             )
-        if full_end < end:  # the ragged last tile
+        if full_end < old_end:  # the ragged last tile
             acc, m_i, l_i = attend_kv_tile(
-                acc, m_i, l_i, q, q_pos, full_end, end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
+                acc, m_i, l_i, q, q_pos, full_end, old_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, DOT_PRECISION,
             )
+        if owns_new:
+            if ROTARY:
+                k_row = seq * stride_kns + kv_head * stride_knh
+                k_new = _rotate(k_new_ptr, k_row + dims, k_row + partner, dims < HEAD_DIM, cos, sin_signed)
+                v_new = tl.load(v_new_ptr + seq * stride_vns + kv_head * stride_vnh + dims)
+                if slot >= 0:  # NOTE: a negative slot is a padding row (a CUDA graph's): its K/V land nowhere
+                    block = slot // BLOCK_SIZE
+                    offset = slot % BLOCK_SIZE
+                    tl.store(k_cache_ptr + block * stride_kb + offset * stride_kt + kv_head * stride_kh + dims,
+                             k_new.to(k_cache_ptr.dtype.element_ty))
+                    tl.store(v_cache_ptr + block * stride_vb + offset * stride_vt + kv_head * stride_vh + dims,
+                             v_new.to(v_cache_ptr.dtype.element_ty))
+            else:  # the kernel ahead stored them
+                block = tl.load(table_ptr + new_pos // BLOCK_SIZE).to(tl.int64)
+                offset = new_pos % BLOCK_SIZE
+                k_new = tl.load(k_cache_ptr + block * stride_kb + offset * stride_kt + kv_head * stride_kh + dims)
+                v_new = tl.load(v_cache_ptr + block * stride_vb + offset * stride_vt + kv_head * stride_vh + dims)
+            acc, m_i, l_i = _fold_key(acc, m_i, l_i, q, k_new, v_new, qk_scale)
         if SINGLE_SPLIT:
             out = acc / l_i[:, None]
             tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
@@ -186,6 +240,20 @@ def _combine_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, parts, nu
              out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
+@dataclass(frozen=True)
+class NewKV:
+    """A decode step's new keys and values as the q/k/v projection made them, before the rotary
+    embedding: given these, the attention kernel rotates q and k itself (each token at position
+    seq_len - 1), stores k and v in their cache slots and attends with them, so no rotary kernel (and no
+    kernel boundary) comes between the projection and the attention."""
+
+    k: torch.Tensor  # [num_seqs, num_kv_heads, head_dim], may be a strided view (a split of qkv)
+    v: torch.Tensor  # [num_seqs, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor  # [num_seqs] int64; < 0 (padding) stores nothing
+    cos: torch.Tensor  # [max_pos, head_dim] float32, the model's tables (cat(freqs, freqs))
+    sin: torch.Tensor
+
+
 def paged_decode_attention(
     q: torch.Tensor,  # [num_seqs, num_heads, head_dim], one query token per sequence
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -196,9 +264,12 @@ def paged_decode_attention(
     num_splits: int | None = None,
     split_counters: torch.Tensor | None = None,
     pdl: bool = False,
+    new_kv: NewKV | None = None,
 ) -> torch.Tensor:
     """Attention of each sequence's newest token over its whole paged context: [num_seqs, heads, head_dim].
 
+    Without `new_kv` the new token's K/V are already in the cache and q is rotated; with it, q is the
+    projection's (not yet rotated) and the kernel rotates and stores (NewKV says how).
     num_splits=None derives the split count from the block tables' width (an upper bound on the longest
     context that needs no device sync); callers that know the lengths on the host pass
     `choose_num_splits(max(seq_lens), ...)`. `split_counters`: at least num_seqs x num_kv_heads int32
@@ -230,27 +301,43 @@ def paged_decode_attention(
         if counters is None:
             counters = torch.zeros(num_seqs * num_kv_heads, dtype=torch.int32, device=q.device)
         assert counters.dtype == torch.int32 and counters.numel() >= num_seqs * num_kv_heads
+    if new_kv is None:  # NOTE: unused by the kernel, but it needs pointers and strides
+        k_new = v_new = q
+        slots, cos, sin = seq_lens, part_max, part_max
+    else:
+        k_new, v_new, slots, cos, sin = new_kv.k, new_kv.v, new_kv.slot_mapping, new_kv.cos, new_kv.sin
+        assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1 and cos.stride() == sin.stride()
+        assert cos.stride(-1) == 1 and cos.shape[-1] == head_dim
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens,
         out, part_out, part_max, part_sum, counters,
+        k_new, v_new, slots, cos, sin,
         scale * LOG2E, num_splits, num_heads, num_kv_heads,
-        q.stride(0), q.stride(1),
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        cos.stride(0),
         *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
-        SINGLE_SPLIT=single, DOT_PRECISION=dot_precision(q.dtype), USE_PDL=pdl, launch_pdl=pdl,
-        num_warps=num_warps, num_stages=num_stages,
+        SINGLE_SPLIT=single, ROTARY=new_kv is not None, DOT_PRECISION=dot_precision(q.dtype), USE_PDL=pdl,
+        launch_pdl=pdl, num_warps=num_warps, num_stages=num_stages,
+        enable_fp_fusion=False,  # NOTE: the rotary products are rounded as torch rounds them (rotary.py)
     )
     return out
 
 
 def paged_decode_attention_ref(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float,
+    seq_lens: torch.Tensor, scale: float, new_kv: NewKV | None = None,
 ) -> torch.Tensor:
-    """The same function in plain torch (float32 math): decode is prefill with one query per sequence."""
+    """The same function in plain torch (float32 math): decode is prefill with one query per sequence;
+    with `new_kv`, the model's own rotary embedding and cache write come first (they fill the caches)."""
     from .paged_prefill import paged_prefill_attention_ref
+    from .rotary import rotary_and_store_kv_ref
 
     num_seqs = q.shape[0]
+    if new_kv is not None:
+        positions = seq_lens.long() - 1
+        q = rotary_and_store_kv_ref(q, new_kv.k, new_kv.v, k_cache, v_cache, new_kv.slot_mapping, positions,
+                                    new_kv.cos, new_kv.sin)
     query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=q.device)
     return paged_prefill_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, 1, scale)

@@ -72,9 +72,10 @@ BACKEND_CASES = [
 ]
 
 
+@pytest.mark.parametrize("new_kv", [False, True], ids=["cached", "rotated_here"])
 @pytest.mark.parametrize("case", DECODE_CASES, ids=str)
-def test_paged_decode_matches_reference(case):
-    check_decode(case, "cuda", pdl=PDL)
+def test_paged_decode_matches_reference(case, new_kv):
+    check_decode(case, "cuda", pdl=PDL, new_kv=new_kv)
 
 
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=str)
