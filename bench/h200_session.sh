@@ -128,6 +128,16 @@ case $part in
     run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
     run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
     ;;
+  decode_ab)
+    # decode-step variants side by side on one machine: Llama-2-7B decode graphs of 1 to 256 sequences of
+    # 600 tokens (device time of a replay) from HEAD and from each export named in AB (ab/NAME, put first on
+    # PYTHONPATH); single stream from HEAD and ab/prev; 7B offline from HEAD
+    for v in head ${AB:-}; do
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run step_$v 100 $PY bench/mixed_step.py --shape llama2-7b --batches 1,16,64,256 --prompts 0 --context 600 --out "$out/step_$v.json"; done
+    for v in head prev; do
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream_$v.json"; done
+    run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    ;;
   rows16_final)
     # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;
     # 8B warm; the GPU tests of the projections and the engine

@@ -113,7 +113,7 @@ def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | No
         with open(profile_path, "w") as f:
             f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
     llm.engine.shutdown()  # the tensor-parallel workers, if any
-    del llm, graphs
+    del llm, graphs, mixed  # NOTE: every reference: the graphs hold the runner (and its KV cache)
     gc.collect()  # NOTE: the engine holds cycles (scheduler callbacks); free its KV cache before the next model
     torch.cuda.empty_cache()
     return result
