@@ -72,13 +72,17 @@ def _tile_config(head_dim: int) -> tuple[int, int, int]:
 
 
 @triton.jit
-def _rotate(x_ptr, offsets, partner_offsets, mask, cos, sin_signed):
-    """The rotary embedding of rows of one position: x * cos + roll(x, HALF) * sin_signed, every product
-    and the sum rounded to x's dtype as the model's torch path rounds them (kernels/rotary.py says why the
-    kernel is compiled without FP fusion). cos, sin_signed: [HEAD_DIM] float32, already rounded."""
-    dtype = x_ptr.dtype.element_ty
+def _load_pairs(x_ptr, offsets, partner_offsets, mask):
+    """x and roll(x, HEAD_DIM / 2) along the head dimension, float32: the rotary embedding's operands."""
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    x_partner = tl.load(x_ptr + partner_offsets, mask=mask, other=0.0).to(tl.float32)
+    return x, tl.load(x_ptr + partner_offsets, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _rotate(x, x_partner, cos, sin_signed, dtype: tl.constexpr):
+    """The rotary embedding of rows of one position: x * cos + roll(x, HALF) * sin_signed, every product
+    and the sum rounded to `dtype` as the model's torch path rounds them (kernels/rotary.py says why the
+    kernel is compiled without FP fusion). cos, sin_signed: [HEAD_DIM] float32, already rounded."""
     rotated = (x * cos).to(dtype).to(tl.float32) + (x_partner * sin_signed).to(dtype).to(tl.float32)
     return rotated.to(dtype)
 
@@ -118,8 +122,10 @@ def _decode_split_kernel(
     num_filled = tl.cdiv(seq_len, split_len)  # the splits that hold keys: 1..num_splits
     start = split * split_len
     end = tl.minimum(start + split_len, seq_len)
-    old_end = tl.minimum(end, new_pos)  # this split's cached keys: [start, old_end); the last split
-    owns_new = split == num_filled - 1  # also folds the new key in
+    if ROTARY:  # the new key comes from the projection, apart from the cached ones (which end before it)
+        kv_end = tl.minimum(end, new_pos)
+    else:  # NOTE: the kernel ahead stored the new key: it is read from the cache like the others
+        kv_end = end
     table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
     dims = tl.arange(0, HEAD_DIM)
     if ROTARY:
@@ -134,7 +140,8 @@ def _decode_split_kernel(
     if EARLY_TILE:
         # The first tile of cached keys, read before the wait: no kernel of this step writes them (the new
         # token's K/V come apart, below), so these loads overlap the kernel ahead.
-        k_first, v_first = load_kv_tile(start, old_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, stride_kb,
+        tl.static_assert(ROTARY, "without ROTARY the kernel ahead writes the new key into a tile")
+        k_first, v_first = load_kv_tile(start, kv_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, stride_kb,
                                         stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, BLOCK_SIZE, BLOCK_N,
                                         HEAD_DIM, True)
     if USE_PDL:
@@ -152,39 +159,41 @@ def _decode_split_kernel(
     if split < num_filled:
         q_rows = seq * stride_qs + heads[:, None] * stride_qh  # [GROUP_PAD, 1]
         if ROTARY:  # q, k, v are the projection's: rotate q and k here; store k and v in the cache
-            q = _rotate(q_ptr, q_rows + dims[None, :], q_rows + partner[None, :], row_valid[:, None], cos[None, :],
-                        sin_signed[None, :])  # [GROUP_PAD, HEAD_DIM]
+            q_x, q_partner = _load_pairs(q_ptr, q_rows + dims[None, :], q_rows + partner[None, :], row_valid[:, None])
+            # NOTE: the new key and value are asked for now, so their loads overlap the tiles (folded last)
+            k_row = seq * stride_kns + kv_head * stride_knh
+            k_x, k_partner = _load_pairs(k_new_ptr, k_row + dims, k_row + partner, dims < HEAD_DIM)
+            v_new = tl.load(v_new_ptr + seq * stride_vns + kv_head * stride_vnh + dims)
+            q = _rotate(q_x, q_partner, cos[None, :], sin_signed[None, :], dtype)  # [GROUP_PAD, HEAD_DIM]
         else:
             q = tl.load(q_ptr + q_rows + dims[None, :], mask=row_valid[:, None], other=0.0)
-        q_pos = tl.zeros([GROUP_PAD], tl.int32) + old_end - 1  # every row sees every cached key of the split
+        q_pos = tl.zeros([GROUP_PAD], tl.int32) + kv_end - 1  # every row sees every cached key of the split
 
         acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
         m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_PAD], tl.float32)
         rest = start
         if EARLY_TILE:
-            if old_end > start:  # NOTE: only the last split may hold no cached key (when the new one opens it)
+            if kv_end > start:  # NOTE: only the last split may hold no cached key (when the new one opens it)
                 acc, m_i, l_i = fold_kv_tile(acc, m_i, l_i, q, q_pos, k_first, v_first, start, qk_scale, BLOCK_N,
                                              True, DOT_PRECISION)
             rest = start + BLOCK_N
-        full_end = rest + tl.maximum(old_end - rest, 0) // BLOCK_N * BLOCK_N  # whole tiles need no mask
+        full_end = rest + tl.maximum(kv_end - rest, 0) // BLOCK_N * BLOCK_N  # whole tiles need no mask
         for tile in range(rest, full_end, BLOCK_N):
             acc, m_i, l_i = attend_kv_tile(
-                acc, m_i, l_i, q, q_pos, tile, old_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
+                acc, m_i, l_i, q, q_pos, tile, kv_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, False, DOT_PRECISION,
             )
-        if full_end < old_end:  # the ragged last tile
+        if full_end < kv_end:  # the ragged last tile
             acc, m_i, l_i = attend_kv_tile(
-                acc, m_i, l_i, q, q_pos, full_end, old_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
+                acc, m_i, l_i, q, q_pos, full_end, kv_end, k_cache_ptr, v_cache_ptr, table_ptr, kv_head,
                 stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, qk_scale,
                 BLOCK_SIZE, BLOCK_N, HEAD_DIM, True, DOT_PRECISION,
             )
-        if owns_new:
-            if ROTARY:
-                k_row = seq * stride_kns + kv_head * stride_knh
-                k_new = _rotate(k_new_ptr, k_row + dims, k_row + partner, dims < HEAD_DIM, cos, sin_signed)
-                v_new = tl.load(v_new_ptr + seq * stride_vns + kv_head * stride_vnh + dims)
+        if ROTARY:
+            if split == num_filled - 1:  # the split holding the new position
+                k_new = _rotate(k_x, k_partner, cos, sin_signed, dtype)
                 if slot >= 0:  # NOTE: a negative slot is a padding row (a CUDA graph's): its K/V land nowhere
                     block = slot // BLOCK_SIZE
                     offset = slot % BLOCK_SIZE
@@ -192,12 +201,7 @@ def _decode_split_kernel(
                              k_new.to(k_cache_ptr.dtype.element_ty))
                     tl.store(v_cache_ptr + block * stride_vb + offset * stride_vt + kv_head * stride_vh + dims,
                              v_new.to(v_cache_ptr.dtype.element_ty))
-            else:  # the kernel ahead stored them
-                block = tl.load(table_ptr + new_pos // BLOCK_SIZE).to(tl.int64)
-                offset = new_pos % BLOCK_SIZE
-                k_new = tl.load(k_cache_ptr + block * stride_kb + offset * stride_kt + kv_head * stride_kh + dims)
-                v_new = tl.load(v_cache_ptr + block * stride_vb + offset * stride_vt + kv_head * stride_vh + dims)
-            acc, m_i, l_i = _fold_key(acc, m_i, l_i, q, k_new, v_new, qk_scale)
+                acc, m_i, l_i = _fold_key(acc, m_i, l_i, q, k_new, v_new, qk_scale)
         if SINGLE_SPLIT:
             out = acc / l_i[:, None]
             tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
@@ -277,11 +281,9 @@ def paged_decode_attention(
     context that needs no device sync); callers that know the lengths on the host pass
     `choose_num_splits(max(seq_lens), ...)`. `split_counters`: at least num_seqs x num_kv_heads int32
     zeros, left zero after the call (a caller's persistent buffer saves a memset per call; None allocates).
-    `pdl`: launch as a programmatic dependent of the kernel before (kernels/gemv.py says why).
-    For a single sequence each program reads its first K/V tile before that wait. NOTE: only there: only
-    the one-row projection ahead lets its dependents start early (gemv.py), and a tile held in registers
-    across the wait costs occupancy, which batches need (a Llama-2-7B decode step of 512 sequences ran
-    24.2 -> 26.3 ms with it).
+    `pdl`: launch as a programmatic dependent of the kernel before (kernels/gemv.py says why). With
+    `new_kv` and a single sequence each program also reads its first K/V tile before that wait (only the
+    one-row projection ahead lets its dependents start early, gemv.py).
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -326,7 +328,7 @@ def paged_decode_attention(
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
         SINGLE_SPLIT=single, ROTARY=new_kv is not None, DOT_PRECISION=dot_precision(q.dtype), USE_PDL=pdl,
-        EARLY_TILE=num_seqs == 1, launch_pdl=pdl, num_warps=num_warps, num_stages=num_stages,
+        EARLY_TILE=new_kv is not None and num_seqs == 1, launch_pdl=pdl, num_warps=num_warps, num_stages=num_stages,
         enable_fp_fusion=False,  # NOTE: the rotary products are rounded as torch rounds them (rotary.py)
     )
     return out
