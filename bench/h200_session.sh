@@ -131,7 +131,12 @@ case $part in
   decode_ab)
     # decode-step variants side by side on one machine: Llama-2-7B decode graphs of 1 to 256 sequences of
     # 600 tokens (device time of a replay) from HEAD and from each export named in AB (ab/NAME, put first on
-    # PYTHONPATH); single stream from HEAD and ab/prev; 7B offline from HEAD
+    # PYTHONPATH); single stream from HEAD and ab/prev; 7B offline from HEAD (TESTS=1: the GPU kernel and
+    # engine tests first)
+    if [ -n "${TESTS:-}" ]; then
+      run gpu_kernel_tests 170 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "decode or backend or rotary"
+      run gpu_engine_tests 100 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
+    fi
     for v in head ${AB:-}; do
       PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run step_$v 100 $PY bench/mixed_step.py --shape llama2-7b --batches 1,16,64,256 --prompts 0 --context 600 --out "$out/step_$v.json"; done
     for v in head prev; do
