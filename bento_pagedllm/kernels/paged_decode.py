@@ -13,12 +13,15 @@ occupancy (tuned for an H200: bf16, head_dim 128, block size 16, GQA 4):
   incremented atomically by each split, tells it that it is last (and it resets the counter to zero for
   the next launch). No second kernel: at batch 1 its launch cost as much as the attention (a 1.9 us
   combine after 4.7 us, Llama-2-7B shape). With a single split the program writes the output directly.
-- the new token's key is folded in apart from the cached ones, by the split that holds it. So (1) a
-  program may read its first tile of cached keys before it waits for the kernel ahead (dependent launch:
-  nothing this step writes is in it), and (2) with `NewKV` the kernel takes q, k, v straight from the
-  projection: it applies the rotary embedding itself, stores the new K/V in the cache and attends with
-  them from registers, so a decode step has no rotary kernel and one kernel boundary less a layer (at
-  batch 1 a boundary and a small kernel cost ~3 us against the ~100 us of a Llama-2-7B layer).
+- with `NewKV` the kernel takes q, k, v straight from the projection: it applies the rotary embedding
+  itself, stores the new K/V in the cache and folds the new key in from registers (the split holding its
+  position does, after its cached tiles), so the step has no rotary kernel and one kernel boundary less
+  a layer; and, for a single sequence, each program reads its first tile of cached keys before it waits
+  for the projection ahead (dependent launch: nothing the step writes is in it). Measured on an H200
+  (Llama-2-7B decode step, 600-token contexts): one sequence 3.93 -> 3.81 ms; but batches ran slower
+  (16 sequences 5.27 -> 5.68 ms, 256: 25.2 -> 27.2) for reasons not found (neither the early tile nor FP
+  fusion), so the attention backend fuses single-sequence steps only. Without `NewKV` the new key is the
+  cache's, read with its tile.
 """
 
 from __future__ import annotations
@@ -81,8 +84,8 @@ def _load_pairs(x_ptr, offsets, partner_offsets, mask):
 @triton.jit
 def _rotate(x, x_partner, cos, sin_signed, dtype: tl.constexpr):
     """The rotary embedding of rows of one position: x * cos + roll(x, HALF) * sin_signed, every product
-    and the sum rounded to `dtype` as the model's torch path rounds them (kernels/rotary.py says why the
-    kernel is compiled without FP fusion). cos, sin_signed: [HEAD_DIM] float32, already rounded."""
+    and the sum rounded to `dtype` as the model's torch path rounds them (kernels/rotary.py says why a
+    kernel that rotates is compiled without FP fusion). cos, sin_signed: [HEAD_DIM] float32, rounded."""
     rotated = (x * cos).to(dtype).to(tl.float32) + (x_partner * sin_signed).to(dtype).to(tl.float32)
     return rotated.to(dtype)
 
@@ -329,7 +332,9 @@ def paged_decode_attention(
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
         SINGLE_SPLIT=single, ROTARY=new_kv is not None, DOT_PRECISION=dot_precision(q.dtype), USE_PDL=pdl,
         EARLY_TILE=new_kv is not None and num_seqs == 1, launch_pdl=pdl, num_warps=num_warps, num_stages=num_stages,
-        enable_fp_fusion=False,  # NOTE: the rotary products are rounded as torch rounds them (rotary.py)
+        # NOTE: the fused rotary's products are rounded as torch rounds them (rotary.py); the cache path keeps
+        # the fused multiply-adds (a 256-sequence Llama-2-7B decode step ran 0.7-1.3% slower without them)
+        enable_fp_fusion=new_kv is None,
     )
     return out
 
