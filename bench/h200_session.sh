@@ -143,6 +143,16 @@ case $part in
       PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream_$v.json"; done
     run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
     ;;
+  gemv_ab)
+    # one-row projection variants side by side on one machine: the kernels alone (Llama-2-7B shapes, one
+    # row) from HEAD and from each export named in AB (ab/NAME, first on PYTHONPATH); single stream (7B,
+    # 8B) from each; 7B offline from HEAD
+    for v in head ${AB:-}; do
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run gemv_$v 100 $PY bench/gemv.py --rows 1 --shapes llama2-7b --out "$out/gemv_$v.json"; done
+    for v in head ${AB:-}; do
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream_$v.json"; done
+    run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    ;;
   rows16_final)
     # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;
     # 8B warm; the GPU tests of the projections and the engine
