@@ -140,8 +140,9 @@ case $part in
     for v in head ${AB:-}; do
       PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run step_$v 100 $PY bench/mixed_step.py --shape llama2-7b --batches 1,16,64,256 --prompts 0 --context 600 --out "$out/step_$v.json"; done
     for v in head prev; do
-      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream_$v.json"; done
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models ${MODELS:-llama2-7b llama3-8b} --peers none --runs 3 --out "$out/single_stream_$v.json"; done
     run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    [ -n "${OFFLINE8B:-}" ] && run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
     ;;
   gemv_ab)
     # one-row projection variants side by side on one machine: the kernels alone (Llama-2-7B shapes, one
@@ -150,8 +151,9 @@ case $part in
     for v in head ${AB:-}; do
       PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run gemv_$v 100 $PY bench/gemv.py --rows 1 --shapes llama2-7b --out "$out/gemv_$v.json"; done
     for v in head ${AB:-}; do
-      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream_$v.json"; done
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models ${MODELS:-llama2-7b llama3-8b} --peers none --runs 3 --out "$out/single_stream_$v.json"; done
     run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    [ -n "${OFFLINE8B:-}" ] && run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
     ;;
   rows16_final)
     # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;
