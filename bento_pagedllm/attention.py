@@ -3,9 +3,10 @@
 A layer hands its projected q/k/v to `backend.forward_new_tokens`: the rotary embedding and the cache
 write of the new keys and values (the ops' fused operator), then `backend.forward(q, kv_cache, metadata,
 scale)`, which reads only the cache; a backend may fold the first two into its attention kernel (the
-Triton one does for decode steps). The metadata describes a varlen batch: sequence i owns query tokens `query_start_loc[i]:query_start_loc[i+1]` (its new tokens this
-step), which sit at the end of its `seq_lens[i]` context tokens in the cache, found through
-`block_tables[i]`. Prefill chunks, decodes and recomputes are all the same shape of problem.
+Triton one does for a single sequence's decode step). The metadata describes a varlen batch: sequence i
+owns query tokens `query_start_loc[i]:query_start_loc[i+1]` (its new tokens this step), which sit at the
+end of its `seq_lens[i]` context tokens in the cache, found through `block_tables[i]`. Prefill chunks,
+decodes and recomputes are all the same shape of problem.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ dependent-launch paths (`USE_PDL`), whose instructions exist only on compute cap
 
 What is checked is the invariant that makes dependent launch safe (kernels/gemv.py): a kernel launched
 before the one ahead of it ends reads nothing that kernel writes until `griddepcontrol.wait`. For the
-projections, nothing but L2 prefetches of W comes before the wait; every kernel lets its own dependents
+projections with a norm, nothing but L2 prefetches of W comes before the wait (plain ones load W's
+first tile there); every kernel lets its own dependents
 launch only after it waited (so the ordering is transitive); without `USE_PDL` none of it is emitted.
 
 NOTE: runs in a subprocess: this session's kernels were decorated under TRITON_INTERPRET=1 (conftest.py),
@@ -55,6 +56,10 @@ for swiglu in (False, True):
         constants = dict(ADD_RESIDUAL=swiglu, RMS_NORM=True, SWIGLU=swiglu, ADD_TO_OUTPUT=not swiglu, USE_PDL=pdl,
                          BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024)
         result[f"gemv swiglu={swiglu} pdl={pdl}"] = facts(ptx(gemv._gemv_kernel, constants))
+for pdl in (False, True):  # o and down: no norm, W double-buffered, its first tile loaded before the wait
+    constants = dict(ADD_RESIDUAL=False, RMS_NORM=False, SWIGLU=False, ADD_TO_OUTPUT=True, USE_PDL=pdl,
+                     BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024)
+    result[f"gemv plain pdl={pdl}"] = facts(ptx(gemv._gemv_kernel, constants))
 for pdl in (False, True):
     for fused_rotary in (False, True):
         constants = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_N=64, SINGLE_SPLIT=False,
@@ -86,13 +91,21 @@ def test_a_dependent_projection_only_prefetches_before_it_waits(compiled, swiglu
     assert facts["launch"] > facts["wait"], "dependents may launch only after this kernel waited"
 
 
+def test_a_plain_dependent_projection_loads_w_before_it_waits(compiled):
+    """o and down (kernels/gemv.py): W is read-only, so its first tile is loaded, not prefetched, before
+    the wait; the input (the kernel ahead's output) only after it."""
+    facts = compiled["gemv plain pdl=True"]
+    assert facts["prefetches"] == 0 and 0 <= facts["first_load"] < facts["wait"] < facts["launch"]
+
+
 @pytest.mark.parametrize("kernel", ["decode", "decode rotary", "rotary"])
 def test_dependent_attention_kernels_wait_before_letting_the_next_launch(compiled, kernel):
     facts = compiled[f"{kernel} pdl=True"]
     assert 0 <= facts["wait"] < facts["launch"]
 
 
-@pytest.mark.parametrize("name", ["gemv swiglu=False", "gemv swiglu=True", "decode", "decode rotary", "rotary"])
+@pytest.mark.parametrize("name", ["gemv swiglu=False", "gemv swiglu=True", "gemv plain", "decode", "decode rotary",
+                                  "rotary"])
 def test_plain_launches_emit_no_dependency_control(compiled, name):
     facts = compiled[f"{name} pdl=False"]
     assert facts["wait"] == facts["launch"] == -1 and facts["prefetches"] == 0

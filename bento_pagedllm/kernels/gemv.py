@@ -26,7 +26,8 @@ dot products at the end: rms_norm(x) . w = (g * x) . w / rms. Program 0 alone st
 
 `pdl` (CUDA, compute capability 9+): the kernel is launched as a programmatic dependent of the one
 before it, so its programs start while that kernel's last ones finish; each asks L2 for its first W
-tile, then waits (`gdc_wait`) before it reads anything another kernel writes. A decode step is a chain
+tile (a plain GEMV, whose W tiles are double-buffered, loads it), then waits (`gdc_wait`) before it
+reads anything another kernel writes. A decode step is a chain
 of ~6 kernels a layer, and each boundary otherwise leaves the memory system idle for the launch and the
 first loads' latency.
 
@@ -74,16 +75,25 @@ def _gemv_kernel(
     up_rows = w_ptr + (rows + N).to(tl.int64)[:, None] * stride_w  # [BLOCK_N, 1]: SWIGLU's up rows
     x_rows = x_ptr + tokens[:, None] * K  # [BLOCK_M, 1]; NOTE: x, residual contiguous
     dtype = x_ptr.dtype.element_ty
+    # NOTE: a plain one-row GEMV (o, down: no norm prologue) double-buffers W in registers: the next tile is
+    # asked for before this one is used, the first before the dependent-launch wait (W is read-only). On an
+    # H200 (Llama-2-7B, with PDL) o went 7.5 -> 6.2 us and down 24.1 -> 23.0; with the norm's registers
+    # too (q/k/v, gate/up) it was slower (25.2 -> 28.2 us), so those keep one tile and the L2 prefetch.
+    if BLOCK_M == 1 and not RMS_NORM:  # double-buffered
+        first = tl.arange(0, BLOCK_K)
+        w_next = tl.load(w_rows + first[None, :], mask=row_mask[:, None] & (first < K)[None, :], other=0.0)
     if USE_PDL:
         # NOTE: launched before the kernel ahead of it ends (programmatic dependent launch), the program
         # may touch nothing that kernel writes until gdc_wait returns. W is read-only: its first tile is
-        # asked of L2 while that kernel's last programs run, and the next kernel may launch from now on.
-        tl.static_assert(BLOCK_K >= 64, "a prefetch per 64 columns: a 128-byte line of 16-bit weights")
-        lines = tl.minimum(tl.arange(0, BLOCK_K // 64) * 64, K - 1)[None, :]  # [1, BLOCK_K / 64]
-        safe_rows = tl.minimum(rows, N - 1)  # [BLOCK_N]
-        prefetch_to_l2(w_ptr + safe_rows.to(tl.int64)[:, None] * stride_w + lines)
-        if SWIGLU:
-            prefetch_to_l2(w_ptr + (safe_rows + N).to(tl.int64)[:, None] * stride_w + lines)
+        # loaded (double-buffered) or asked of L2 while that kernel's last programs run, and the next
+        # kernel may launch from now on.
+        if BLOCK_M > 1 or RMS_NORM:  # not double-buffered
+            tl.static_assert(BLOCK_K >= 64, "a prefetch per 64 columns: a 128-byte line of 16-bit weights")
+            lines = tl.minimum(tl.arange(0, BLOCK_K // 64) * 64, K - 1)[None, :]  # [1, BLOCK_K / 64]
+            safe_rows = tl.minimum(rows, N - 1)  # [BLOCK_N]
+            prefetch_to_l2(w_ptr + safe_rows.to(tl.int64)[:, None] * stride_w + lines)
+            if SWIGLU:
+                prefetch_to_l2(w_ptr + (safe_rows + N).to(tl.int64)[:, None] * stride_w + lines)
         gdc_wait()
         gdc_launch_dependents()
 
@@ -108,7 +118,12 @@ def _gemv_kernel(
             squares += x32 * x32
             x32 = x32 * tl.load(norm_weight_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         w_mask = row_mask[:, None] & col_mask[None, :]
-        w = tl.load(w_rows + cols[None, :], mask=w_mask, other=0.0)  # [BLOCK_N, BLOCK_K]
+        if BLOCK_M == 1 and not RMS_NORM:  # double-buffered
+            w = w_next
+            next_cols = cols + BLOCK_K
+            w_next = tl.load(w_rows + next_cols[None, :], mask=row_mask[:, None] & (next_cols < K)[None, :], other=0.0)
+        else:
+            w = tl.load(w_rows + cols[None, :], mask=w_mask, other=0.0)  # [BLOCK_N, BLOCK_K]
         acc = _accumulate(acc, w, x32, BLOCK_M)
         if SWIGLU:
             acc_up = _accumulate(acc_up, tl.load(up_rows + cols[None, :], mask=w_mask, other=0.0), x32, BLOCK_M)
