@@ -60,6 +60,8 @@ BACKEND_CASES = [
     prefill_case((61, 7, 130), (9, 7, 1), group=8, num_kv_heads=1, block_size=32, dtype=F16),
     decode_case((1, 16, 33, 300), dtype=F32),  # all decodes: the decode kernel
     decode_case((64, 5), group=1, dtype=F16),
+    decode_case((300,), dtype=F32),  # one sequence: the decode kernel rotates and stores itself
+    decode_case((37,), group=1, dtype=F16, block_size=32),
 ]
 
 

@@ -69,6 +69,8 @@ BACKEND_CASES = [
     prefill_case((3512, 1, 700, 2049, 16), (512, 1, 700, 1, 16), dtype=BF16, **LLAMA2_7B),
     decode_case((1, 16, 511, 4096, 1000), dtype=BF16, **LLAMA3_8B),
     decode_case(tuple(range(5, 5 + 128 * 31, 31)), dtype=F16, **LLAMA2_7B),
+    decode_case((1000,), dtype=BF16, **LLAMA3_8B),  # one sequence: the fused rotary and cache write
+    decode_case((130,), dtype=BF16, **LLAMA2_7B),
 ]
 
 
