@@ -35,6 +35,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .attention_tile import LOG2E, attend_kv_tile, dot_precision, fold_kv_tile, load_kv_tile
+from .rotary import rotate_rounded
 
 # A split should read at least one tile of keys (_tile_config: 64 at head_dim 128).
 MIN_TOKENS_PER_SPLIT = 64
@@ -76,18 +77,9 @@ def _tile_config(head_dim: int) -> tuple[int, int, int]:
 
 @triton.jit
 def _load_pairs(x_ptr, offsets, partner_offsets, mask):
-    """x and roll(x, HEAD_DIM / 2) along the head dimension, float32: the rotary embedding's operands."""
+    """x and roll(x, HEAD_DIM / 2) along the head dimension, float32: rotary.rotate_rounded's operands."""
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     return x, tl.load(x_ptr + partner_offsets, mask=mask, other=0.0).to(tl.float32)
-
-
-@triton.jit
-def _rotate(x, x_partner, cos, sin_signed, dtype: tl.constexpr):
-    """The rotary embedding of rows of one position: x * cos + roll(x, HALF) * sin_signed, every product
-    and the sum rounded to `dtype` as the model's torch path rounds them (kernels/rotary.py says why a
-    kernel that rotates is compiled without FP fusion). cos, sin_signed: [HEAD_DIM] float32, rounded."""
-    rotated = (x * cos).to(dtype).to(tl.float32) + (x_partner * sin_signed).to(dtype).to(tl.float32)
-    return rotated.to(dtype)
 
 
 @triton.jit
@@ -167,7 +159,7 @@ def _decode_split_kernel(
             k_row = seq * stride_kns + kv_head * stride_knh
             k_x, k_partner = _load_pairs(k_new_ptr, k_row + dims, k_row + partner, dims < HEAD_DIM)
             v_new = tl.load(v_new_ptr + seq * stride_vns + kv_head * stride_vnh + dims)
-            q = _rotate(q_x, q_partner, cos[None, :], sin_signed[None, :], dtype)  # [GROUP_PAD, HEAD_DIM]
+            q = rotate_rounded(q_x, q_partner, cos[None, :], sin_signed[None, :], dtype)  # [GROUP_PAD, HEAD_DIM]
         else:
             q = tl.load(q_ptr + q_rows + dims[None, :], mask=row_valid[:, None], other=0.0)
         q_pos = tl.zeros([GROUP_PAD], tl.int32) + kv_end - 1  # every row sees every cached key of the split
@@ -196,7 +188,7 @@ def _decode_split_kernel(
             )
         if ROTARY:
             if split == num_filled - 1:  # the split holding the new position
-                k_new = _rotate(k_x, k_partner, cos, sin_signed, dtype)
+                k_new = rotate_rounded(k_x, k_partner, cos, sin_signed, dtype)
                 if slot >= 0:  # NOTE: a negative slot is a padding row (a CUDA graph's): its K/V land nowhere
                     block = slot // BLOCK_SIZE
                     offset = slot % BLOCK_SIZE

@@ -20,6 +20,16 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
+def rotate_rounded(x, x_partner, cos, sin_signed, dtype: tl.constexpr):
+    """x * cos + x_partner * sin_signed in `dtype`, every product and the sum rounded as eager torch rounds
+    them op by op (x_partner: rotate_half's other half of the head; sin_signed: sin, negated where rotate_half
+    negates). Inputs float32, the tables already rounded to `dtype`. Shared with the decode kernel
+    (paged_decode.py), which rotates a single sequence's q and k itself. NOTE: a kernel using it must be
+    compiled with `enable_fp_fusion=False` (the module docstring says why)."""
+    return ((x * cos).to(dtype).to(tl.float32) + (x_partner * sin_signed).to(dtype).to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def _rotate_heads(x_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, token, c1, c2, s1, s2,
                   NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr):
     """Rotate all heads of one token; c1/c2/s1/s2 [HALF] are the table halves, already rounded."""
@@ -30,12 +40,10 @@ def _rotate_heads(x_ptr, out_ptr, stride_xt, stride_xh, stride_ot, stride_oh, to
     x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + HALF, mask=mask, other=0.0).to(tl.float32)
     dtype = out_ptr.dtype.element_ty
-    # NOTE: round every product, as eager torch does op by op in a 16-bit dtype
-    out1 = (x1 * c1[None, :]).to(dtype).to(tl.float32) - (x2 * s1[None, :]).to(dtype).to(tl.float32)
-    out2 = (x2 * c2[None, :]).to(dtype).to(tl.float32) + (x1 * s2[None, :]).to(dtype).to(tl.float32)
     dst = out_ptr + token * stride_ot + heads * stride_oh + dims
-    tl.store(dst, out1.to(dtype), mask=mask)
-    tl.store(dst + HALF, out2.to(dtype), mask=mask)
+    # rotate_half(x) = [-x2, x1]: ((-x2) * s1 rounds as -(x2 * s1): one helper serves both halves)
+    tl.store(dst, rotate_rounded(x1, x2, c1[None, :], -s1[None, :], dtype), mask=mask)
+    tl.store(dst + HALF, rotate_rounded(x2, x1, c2[None, :], s2[None, :], dtype), mask=mask)
 
 
 @triton.jit
