@@ -131,7 +131,8 @@ case $part in
   decode_ab)
     # decode-step variants side by side on one machine: Llama-2-7B decode graphs of 1 to 256 sequences of
     # 600 tokens (device time of a replay) from HEAD and from each export named in AB (ab/NAME, put first on
-    # PYTHONPATH); single stream from HEAD and ab/prev; 7B offline from HEAD (TESTS=1: the GPU kernel and
+    # PYTHONPATH; e.g. `git archive REV bento_pagedllm | tar x -C ab/prev`; git-ignored, so the device call
+    # carries it: carry [".whl", "ab"]); single stream from HEAD and ab/prev; 7B offline from HEAD (TESTS=1: the GPU kernel and
     # engine tests first)
     if [ -n "${TESTS:-}" ]; then
       run gpu_kernel_tests 170 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "decode or backend or rotary"
