@@ -156,6 +156,12 @@ case $part in
     run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
     [ -n "${OFFLINE8B:-}" ] && run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
     ;;
+  decode_splits)
+    # issue 4: decode attention alone, one to a few sequences, at every split count, fused rotary and not
+    # (bench/decode_attention.py): the split count a single short sequence wants, and its cost a layer
+    for shape in llama2-7b llama3-8b; do
+      run decode_attention_$shape 150 $PY bench/decode_attention.py --shape $shape --seqs 1,4 --contexts 128,384,1024,4096 --out "$out/decode_attention_$shape.json"; done
+    ;;
   rows16_final)
     # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;
     # 8B warm; the GPU tests of the projections and the engine

@@ -1,0 +1,86 @@
+"""Decode attention alone on the GPU: kernels/paged_decode.py for a few sequences of one model shape, at
+each split count, with the rotary embedding and cache write fused in (`NewKV`, the single-sequence decode
+path) and without (the cache path). Answers: how many splits a context length wants, and what a layer's
+attention of one token costs against its K/V bytes (the single-stream gap of BENCHMARKS.md, issue 4).
+
+Each call is timed inside a CUDA graph (triton.testing.do_bench_cudagraph), launched plainly (no dependent
+launch: there is no kernel ahead to overlap). "auto" is the split count the backend would choose
+(`choose_num_splits`, given the context length).
+
+    python bench/decode_attention.py --shape llama2-7b --seqs 1 --contexts 128,384,1024,4096 --out out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton.testing
+
+from bento_pagedllm.kernels.paged_decode import NewKV, choose_num_splits, paged_decode_attention
+
+# (KV heads, query heads per KV head): the attention shapes of BENCHMARKS.md's models, head_dim 128
+SHAPES = {"llama2-7b": (32, 1), "llama3-8b": (8, 4)}
+HEAD_DIM, BLOCK_SIZE = 128, 16
+
+
+def measure(shape: str, num_seqs: int, context: int, splits: list[int], fused: bool,
+            device: torch.device, dtype: torch.dtype = torch.bfloat16) -> list[dict]:
+    """One row per split count: microseconds and the K/V read rate for `num_seqs` sequences of `context`."""
+    num_kv_heads, group = SHAPES[shape]
+    num_heads = num_kv_heads * group
+    blocks_per_seq = -(-context // BLOCK_SIZE)
+    cache_shape = (num_seqs * blocks_per_seq + 1, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
+    k_cache = torch.randn(cache_shape, device=device, dtype=dtype)
+    v_cache = torch.randn(cache_shape, device=device, dtype=dtype)
+    tables = torch.randperm(num_seqs * blocks_per_seq, device=device).view(num_seqs, blocks_per_seq).int()
+    seq_lens = torch.full((num_seqs,), context, device=device, dtype=torch.int32)
+    qkv = torch.randn(num_seqs, (num_heads + 2 * num_kv_heads) * HEAD_DIM, device=device, dtype=dtype)
+    q = qkv[:, : num_heads * HEAD_DIM].view(num_seqs, num_heads, HEAD_DIM)
+    new_kv = None
+    if fused:
+        k, v = (qkv[:, (num_heads + i * num_kv_heads) * HEAD_DIM:][:, : num_kv_heads * HEAD_DIM]
+                .view(num_seqs, num_kv_heads, HEAD_DIM) for i in range(2))
+        last = tables[:, (context - 1) // BLOCK_SIZE].long() * BLOCK_SIZE + (context - 1) % BLOCK_SIZE
+        inv_freq = 1e4 ** -(torch.arange(0, HEAD_DIM, 2, device=device) / HEAD_DIM)
+        angles = torch.arange(context, device=device)[:, None] * inv_freq[None, :]  # [context, HEAD_DIM / 2]
+        angles = torch.cat((angles, angles), dim=-1)  # the model's table layout (models/llama.py)
+        new_kv = NewKV(k, v, last, angles.cos(), angles.sin())
+    counters = torch.zeros(num_seqs * num_kv_heads, dtype=torch.int32, device=device)
+    kv_bytes = 2 * num_seqs * context * num_kv_heads * HEAD_DIM * k_cache.element_size()
+    auto = choose_num_splits(context, num_seqs, num_kv_heads, device)
+    rows = []
+    for n in sorted(set(splits) | {auto}):
+        def call(n=n):
+            return paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, HEAD_DIM**-0.5, num_splits=n,
+                                          split_counters=counters, new_kv=new_kv)
+        call()  # compile outside the graph
+        us = triton.testing.do_bench_cudagraph(call, rep=50) * 1e3
+        rows.append({"shape": shape, "seqs": num_seqs, "context": context, "fused_rotary": fused, "splits": n,
+                     "auto": n == auto, "us": us, "kv_tbs": kv_bytes / us / 1e6})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="llama2-7b", choices=sorted(SHAPES))
+    parser.add_argument("--seqs", default="1", help="sequence counts, comma-separated")
+    parser.add_argument("--contexts", default="128,256,384,512,1024,2048,4096")
+    parser.add_argument("--splits", default="1,2,4,8,16,32,64")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    splits = [int(s) for s in args.splits.split(",")]
+    rows = []
+    for num_seqs in map(int, args.seqs.split(",")):
+        for context in map(int, args.contexts.split(",")):
+            for fused in (True, False):
+                rows.extend(measure(args.shape, num_seqs, context, splits, fused, torch.device("cuda")))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
