@@ -38,9 +38,8 @@ class TritonAttentionBackend(AttentionBackend):
 
     def forward_new_tokens(self, q, k, v, kv_cache, meta, scale, ops, rotary_context):
         """A single sequence's decode step: the decode kernel does the rotary embedding and the cache write
-        itself (one launch, no kernel boundary between). NOTE: only for one sequence: for batches the
-        fused kernel was slower than the rotary kernel plus attention (Llama-2-7B decode step, 600-token
-        contexts, H200: 5.25 -> 5.69 ms at 16 sequences, 25.2 -> 27.5 at 256; 3.88 -> 3.79 at one)."""
+        itself (one launch, no kernel boundary between). NOTE: only for one sequence: batches ran slower
+        fused than through the rotary kernel and attention (kernels/paged_decode.py has the figures)."""
         if not (meta.num_seqs == 1 and len(meta.decode_indices_host) == 1):
             return super().forward_new_tokens(q, k, v, kv_cache, meta, scale, ops, rotary_context)
         _, cos, sin = rotary_context  # NOTE: TritonOps' context: positions (seq_len - 1 here), tables

@@ -27,9 +27,8 @@ dot products at the end: rms_norm(x) . w = (g * x) . w / rms. Program 0 alone st
 `pdl` (CUDA, compute capability 9+): the kernel is launched as a programmatic dependent of the one
 before it, so its programs start while that kernel's last ones finish; each asks L2 for its first W
 tile (a plain GEMV, whose W tiles are double-buffered, loads it), then waits (`gdc_wait`) before it
-reads anything another kernel writes. A decode step is a chain
-of ~6 kernels a layer, and each boundary otherwise leaves the memory system idle for the launch and the
-first loads' latency.
+reads anything another kernel writes. A decode step is a chain of ~6 kernels a layer, and each boundary
+otherwise leaves the memory system idle for the launch and the first loads' latency.
 
 Numerics: x + residual and silu(gate) * up are rounded to the input dtype like the unfused kernels
 (rms_norm.py, activation.py, from the rounded projections); the dot products accumulate in float32, in
@@ -121,7 +120,8 @@ def _gemv_kernel(
         if BLOCK_M == 1 and not RMS_NORM:  # double-buffered
             w = w_next
             next_cols = cols + BLOCK_K
-            w_next = tl.load(w_rows + next_cols[None, :], mask=row_mask[:, None] & (next_cols < K)[None, :], other=0.0)
+            next_mask = row_mask[:, None] & (next_cols < K)[None, :]
+            w_next = tl.load(w_rows + next_cols[None, :], mask=next_mask, other=0.0)
         else:
             w = tl.load(w_rows + cols[None, :], mask=w_mask, other=0.0)  # [BLOCK_N, BLOCK_K]
         acc = _accumulate(acc, w, x32, BLOCK_M)

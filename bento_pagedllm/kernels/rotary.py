@@ -1,7 +1,7 @@
 """Rotary position embeddings, rotate-half convention (Llama / transformers), fused with the KV-cache
 write: one launch per layer rotates q and k and stores the rotated keys and the values in their paged
-cache slots (slot = block * block_size + offset, from the step's slot mapping). It serves steps with
-prompt tokens; in a decode step the attention kernel does the same itself (paged_decode.py, `NewKV`).
+cache slots (slot = block * block_size + offset, from the step's slot mapping). It serves every step but
+a single sequence's decode step, whose attention kernel does the same itself (paged_decode.py, `NewKV`).
 
 For a head vector x = [x1, x2] (halves) at position p: out = x * cos[p] + [-x2, x1] * sin[p], with the
 tables [max_pos, head_dim] as models/llama.py builds them (cat(freqs, freqs)). Numerics follow the eager
