@@ -182,10 +182,18 @@ case $part in
     run single_stream 150 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --profile-dir "$out/prof" --out "$out/single_stream.json"
     ;;
   tp2)
-    # issue 7 on nvidia-h200-x2: Llama-3-8B shape, the 500-request workload on 1 GPU, then on 2 (target 1.7x)
-    # (tp2, then tp2 with the peer-memory all-reduce for small messages, then 1 GPU)
-    for tp in 2 2peer 1; do flag=$([ $tp = 2peer ] && echo --peer-all-reduce)
-      run serve_offline_llama3-8b_tp$tp 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $BIG --tensor-parallel-size ${tp:0:1} $flag --out "$out/serve_offline_llama3-8b_tp$tp.json"; done
+    # issue 7 on nvidia-h200-x2: Llama-3-8B shape, the 500-request workload on 2 GPUs, then on 1 (target 1.7x),
+    # with vLLM's batch settings (1024 seqs, 16384 tokens a step); then each run again under the profiler (rank
+    # 0's kernels: where a step's time goes), the single-GPU tests on GPU 1 beside the profiled 1-GPU run (a
+    # profiled run's throughput is not a figure), and the 2-GPU tests last
+    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
+    for tp in 2 1; do
+      run serve_offline_llama3-8b_tp$tp 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size $tp ${TP_FLAGS:-} --out "$out/serve_offline_llama3-8b_tp$tp.json"; done
+    [ -n "${TESTS:-}" ] && { CUDA_VISIBLE_DEVICES=1 run gpu_tests 300 $PY -m pytest -q -p no:cacheprovider tests/gpu & tests=$!; }
+    CUDA_VISIBLE_DEVICES=0 run profile_tp1 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --profile "$out/profile_tp1.txt" --out "$out/profiled_tp1.json"
+    [ -n "${tests:-}" ] && wait $tests
+    run profile_tp2 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size 2 ${TP_FLAGS:-} --profile "$out/profile_tp2.txt" --out "$out/profiled_tp2.json"
+    [ -n "${TESTS:-}" ] && run tp_gpu_tests 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_tensor_parallel_gpu.py
     ;;
   tp4)
     # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)

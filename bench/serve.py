@@ -123,6 +123,7 @@ def run_offline(args, requests) -> dict:
     records = {}
     start = time.perf_counter()
     compiles = record_triton_compiles(start)
+    profiler = kernel_profiler(args.profile)
     for r in requests:
         engine.add_request(str(r["id"]), r["prompt_ids"], SamplingParams(max_tokens=r["max_tokens"],
                                                                           temperature=0.0, ignore_eos=True))
@@ -135,7 +136,11 @@ def run_offline(args, requests) -> dict:
             record["tokens"] += [now] * len(out.outputs[0].delta_token_ids)
             record["ok"] = out.finished
     wall = time.perf_counter() - start
-    extra = {"kv_blocks": engine.block_manager.num_blocks, "preemptions": engine.scheduler.num_preemptions_total,
+    if profiler is not None:
+        profiler.stop()
+        with open(args.profile, "w") as f:
+            f.write(profiler.key_averages().table(sort_by="cuda_time_total", row_limit=50))
+    extra = {"profiled": profiler is not None, "kv_blocks": engine.block_manager.num_blocks, "preemptions": engine.scheduler.num_preemptions_total,
              "async_scheduling": engine.configs.async_scheduling, "fused_gemv_rows": engine.configs.fused_gemv_rows,
              "dependent_launch": engine.configs.dependent_launch,
              "prefix_hit_tokens": engine.block_manager.prefix_hit_tokens, "triton_compiles_in_run": compiles}
@@ -145,6 +150,19 @@ def run_offline(args, requests) -> dict:
         extra["gpu_timeline"] = idle_fraction(timeline)
     engine.shutdown()  # the tensor-parallel workers, if any
     return report(list(records.values()), wall, extra)
+
+
+def kernel_profiler(path: str | None):
+    """torch.profiler over the timed run, the device's activity only (the CPU's without CUDA): its table
+    says where the device time goes, by kernel. NOTE: the profiler slows the host a little: a profiled run's throughput is not a figure."""
+    if not path:
+        return None
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    profiler = profile(activities=[ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU])
+    profiler.start()
+    return profiler
 
 
 def warm_up_requests(requests: list[dict], count: int = 64) -> list[dict]:
@@ -345,6 +363,7 @@ def main() -> None:
     parser.add_argument("--url", default="http://127.0.0.1:3000")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="served model name (online)")
     parser.add_argument("--api-key", default=None)
+    parser.add_argument("--profile", default=None, help="offline: write a table of the device's kernels over the run here")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.shape:
