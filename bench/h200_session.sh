@@ -195,6 +195,15 @@ case $part in
     run profile_tp2 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size 2 ${TP_FLAGS:-} --profile "$out/profile_tp2.txt" --out "$out/profiled_tp2.json"
     [ -n "${TESTS:-}" ] && run tp_gpu_tests 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_tensor_parallel_gpu.py
     ;;
+  tp2_profile)
+    # issue 7: where a tensor-parallel step's time goes, by step shape: tp2 timed, then profiled in windows of
+    # prefill, big, middling and small decode steps, on 2 GPUs (NCCL; then the peer-memory all-reduce) and on 1
+    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
+    W="--profile-window 2:4 --profile-window 40:10 --profile-window 600:10 --profile-window 950:10"
+    run serve_offline_llama3-8b_tp2 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size 2 --out "$out/serve_offline_llama3-8b_tp2.json"
+    for v in tp2:2 tp2peer:2:--peer-all-reduce tp1:1; do IFS=: read name tp flag <<< "$v"
+      run profile_$name 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size $tp $flag --profile "$out/profile_$name.txt" $W --out "$out/profiled_$name.json"; done
+    ;;
   tp4)
     # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)
     run single_stream_llama2-70b_tp4 400 $PY bench/single_stream.py --models llama2-70b --peers none --runs 2 --tensor-parallel-size 4 --out "$out/single_stream_llama2-70b_tp4.json"

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import logging
 import os
 import statistics
 import sys
@@ -123,7 +124,8 @@ def run_offline(args, requests) -> dict:
     records = {}
     start = time.perf_counter()
     compiles = record_triton_compiles(start)
-    profiler = kernel_profiler(args.profile)
+    windows = [tuple(int(n) for n in w.split(":")) for w in args.profile_window]
+    profiler = RunProfiler(args.profile, windows) if args.profile else None
     for r in requests:
         engine.add_request(str(r["id"]), r["prompt_ids"], SamplingParams(max_tokens=r["max_tokens"],
                                                                           temperature=0.0, ignore_eos=True))
@@ -131,6 +133,8 @@ def run_offline(args, requests) -> dict:
     while engine.has_unfinished_requests():
         outputs = engine.step()
         now = time.perf_counter()
+        if profiler is not None:
+            profiler.step(engine.last_plan)
         for out in outputs:
             record = records[out.request_id]
             record["tokens"] += [now] * len(out.outputs[0].delta_token_ids)
@@ -138,8 +142,6 @@ def run_offline(args, requests) -> dict:
     wall = time.perf_counter() - start
     if profiler is not None:
         profiler.stop()
-        with open(args.profile, "w") as f:
-            f.write(profiler.key_averages().table(sort_by="cuda_time_total", row_limit=50))
     extra = {"profiled": profiler is not None, "kv_blocks": engine.block_manager.num_blocks, "preemptions": engine.scheduler.num_preemptions_total,
              "async_scheduling": engine.configs.async_scheduling, "fused_gemv_rows": engine.configs.fused_gemv_rows,
              "dependent_launch": engine.configs.dependent_launch,
@@ -152,17 +154,52 @@ def run_offline(args, requests) -> dict:
     return report(list(records.values()), wall, extra)
 
 
-def kernel_profiler(path: str | None):
-    """torch.profiler over the timed run, the device's activity only (the CPU's without CUDA): its table
-    says where the device time goes, by kernel. NOTE: the profiler slows the host a little: a profiled run's throughput is not a figure."""
-    if not path:
-        return None
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+class RunProfiler:
+    """torch.profiler over the timed run, the device's activity only (the CPU's without CUDA): tables of
+    where the device time goes, by kernel. Without windows, one table for the whole run; with windows
+    (start step, step count), one table per window, headed by its steps' (sequences, tokens), so a step
+    shape's kernels can be read apart (kernels of a launched step run during the next host step: a window
+    of steps of one shape is what to read). NOTE: the profiler slows the host a little: a profiled run's
+    throughput is not a figure."""
 
-    profiler = profile(activities=[ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU])
-    profiler.start()
-    return profiler
+    def __init__(self, path: str, windows: list[tuple[int, int]]) -> None:
+        import torch
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+        def action(step: int) -> "ProfilerAction":
+            for start, count in windows:
+                if step == start - 1:
+                    return ProfilerAction.WARMUP
+                if start <= step < start + count - 1:
+                    return ProfilerAction.RECORD
+                if step == start + count - 1:
+                    return ProfilerAction.RECORD_AND_SAVE
+            return ProfilerAction.NONE
+
+        self.path, self.windows, self.saved = path, windows, 0
+        self.sizes: list[tuple[int, int]] = []  # (sequences, tokens) of each step's plan
+        activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+        self.profiler = profile(activities=[activity], schedule=action if windows else None,
+                                on_trace_ready=self._save_window if windows else None)
+        self.profiler.start()
+
+    def step(self, plan) -> None:
+        self.sizes.append((len(plan.seqs), plan.num_batched_tokens))
+        if self.windows:
+            self.profiler.step()
+
+    def stop(self) -> None:
+        self.profiler.stop()
+        if not self.windows:
+            with open(self.path, "w") as f:
+                f.write(self.profiler.key_averages().table(sort_by="cuda_time_total", row_limit=50))
+
+    def _save_window(self, profiler) -> None:
+        start, count = self.windows[self.saved]
+        self.saved += 1
+        with open(self.path, "a" if self.saved > 1 else "w") as f:
+            f.write(f"== steps {start}..{start + count - 1}, (sequences, tokens): {self.sizes[start:start + count]}\n")
+            f.write(profiler.key_averages().table(sort_by="cuda_time_total", row_limit=30) + "\n")
 
 
 def warm_up_requests(requests: list[dict], count: int = 64) -> list[dict]:
@@ -333,6 +370,7 @@ def run_online(args, requests) -> dict:
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["offline", "async", "online", "transformers"], required=True)
     parser.add_argument("--requests", required=True, help="JSONL from ../shared/bench/workload.py")
@@ -364,6 +402,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct", help="served model name (online)")
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--profile", default=None, help="offline: write a table of the device's kernels over the run here")
+    parser.add_argument("--profile-window", action="append", default=[], metavar="START:COUNT",
+                        help="with --profile: a table for these steps alone (repeatable)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.shape:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import time
 import weakref
 from dataclasses import dataclass, replace
 
@@ -49,6 +50,31 @@ class WorkerSpec:
     source: ModelSource | None  # None: dummy weights
     rank: int
     port: int  # rank 0's rendezvous store
+    log_level: int = logging.WARNING  # rank 0's, for this package's loggers
+
+
+class WorkerStepTimes:
+    """Where a worker's host time goes, per step: waiting for the plan, unpickling it, launching it.
+
+    Why: rank 0 cannot see a worker's host. A worker that launches late holds rank 0's device inside the
+    step's first collective, which rank 0's timeline counts as busy; these times show it (logged at exit).
+    """
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.totals = [0.0, 0.0, 0.0]  # seconds: waiting, unpickling, launching
+        self.slowest_launch = 0.0
+
+    def add(self, waiting: float, unpickling: float, launching: float) -> None:
+        self.steps += 1
+        for i, seconds in enumerate((waiting, unpickling, launching)):
+            self.totals[i] += seconds
+        self.slowest_launch = max(self.slowest_launch, launching)
+
+    def summary(self) -> str:
+        per_step = [f"{1e3 * total / max(1, self.steps):.3f}" for total in self.totals]
+        return (f"{self.steps} steps; per step, ms: waiting {per_step[0]}, unpickling {per_step[1]}, launching "
+                f"{per_step[2]} (slowest {1e3 * self.slowest_launch:.1f})")
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:
@@ -57,6 +83,9 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     from ..engine import build_model  # NOTE: here, not at import: the engine imports this module
     from ..model_runner import ModelRunner
 
+    from ..engine import quiet_garbage_collector
+
+    logging.basicConfig(level=spec.log_level, format=f"%(asctime)s rank{spec.rank} %(name)s %(levelname)s %(message)s")
     configs = rank_configs(spec.configs, spec.rank)
     size = configs.tensor_parallel_size
     if configs.device.device.type == "cpu":
@@ -65,20 +94,31 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     parallel = init_group(size, spec.rank, worker_store(size, _HOST, spec.port), configs.device.device,
                           configs.device.dtype, configs.peer_all_reduce)
     runner = None
+    times = WorkerStepTimes()
     try:
         runner = ModelRunner(configs, build_model(configs, spec.source, parallel), parallel)
+        # NOTE: this process is the engine's alone (as the engine process is): each step unpickles a plan
+        # of thousands of small objects, and the collector's default passes over the model's heap would
+        # delay launches, holding rank 0 inside the step's first collective
+        quiet_garbage_collector()
         while True:
+            waiting = time.perf_counter()
             try:
-                plan: StepPlan | None = pickle.loads(conn.recv_bytes())
+                payload = conn.recv_bytes()
             except EOFError:
                 break
+            unpickling = time.perf_counter()
+            plan: StepPlan | None = pickle.loads(payload)
             if plan is None:
                 break
+            launching = time.perf_counter()
             runner.launch(plan)
+            times.add(unpickling - waiting, launching - unpickling, time.perf_counter() - launching)
     except Exception:
         logger.exception("tensor-parallel worker %d failed", spec.rank)
         raise
     finally:
+        logger.info("tensor-parallel worker %d: %s", spec.rank, times.summary())
         if runner is not None:
             runner.release_graphs()
         leave_group()
@@ -101,7 +141,8 @@ class TensorParallelWorkers:
         for rank in range(1, size):
             parent, child = context.Pipe()
             proc = context.Process(
-                target=worker_main, args=(WorkerSpec(configs, source, rank, store.port), child),
+                target=worker_main,
+                args=(WorkerSpec(configs, source, rank, store.port, logger.getEffectiveLevel()), child),
                 name=f"pagedllm-tp-rank{rank}", daemon=True,
             )
             proc.start()
