@@ -204,6 +204,23 @@ case $part in
     for v in tp2:2 tp2peer:2:--peer-all-reduce tp1:1; do IFS=: read name tp flag <<< "$v"
       run profile_$name 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size $tp $flag --profile "$out/profile_$name.txt" $W --out "$out/profiled_$name.json"; done
     ;;
+  tp2_comm)
+    # issue 7: all-reduce time by message size (bench/allreduce.py: NCCL as set up, and with other NCCL
+    # settings; torch's peer-memory one-shot and two-shot), then the 500-request workload on 1 GPU and on 2
+    # with each variant named in VARIANTS (NAME=ENV... or ab:EXPORT with --peer-all-reduce)
+    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
+    NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING run allreduce_default 90 $PY bench/allreduce.py --out "$out/allreduce_default.json"
+    for env in NCCL_MIN_NCHANNELS=16 NCCL_PROTO=LL128 NCCL_PROTO=Simple; do
+      env $env $PY bench/allreduce.py --out "$out/allreduce_${env#NCCL_}.json" > "$out/allreduce_${env#NCCL_}.log" 2>&1; done
+    run serve_offline_llama3-8b_tp1 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_tp1.json"
+    for v in ${VARIANTS:-}; do name=${v%%=*}; setting=${v#*=}
+      if [ "${setting%%:*}" = ab ]; then
+        PYTHONPATH="$PWD/ab/${setting#ab:}:$PYTHONPATH" run serve_offline_llama3-8b_tp2_$name 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size 2 --peer-all-reduce --out "$out/serve_offline_llama3-8b_tp2_$name.json"
+      else
+        timeout 150 env $setting $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size 2 --out "$out/serve_offline_llama3-8b_tp2_$name.json" > "$out/serve_offline_llama3-8b_tp2_$name.log" 2>&1
+        echo "tp2_$name rc=$?" >> "$out/session.log"
+      fi; done
+    ;;
   tp4)
     # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)
     run single_stream_llama2-70b_tp4 400 $PY bench/single_stream.py --models llama2-70b --peers none --runs 2 --tensor-parallel-size 4 --out "$out/single_stream_llama2-70b_tp4.json"
