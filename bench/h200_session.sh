@@ -221,6 +221,15 @@ case $part in
         echo "tp2_$name rc=$?" >> "$out/session.log"
       fi; done
     ;;
+  tp2_ab)
+    # issue 7: the 500-request workload on 2 GPUs (NCCL, then the peer-memory all-reduce), on 1, then again
+    # on 2 with NCCL (machine drift), the big decode steps profiled, and the 2-GPU tests
+    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
+    for v in tp2:2 tp2peer:2:--peer-all-reduce tp1:1 tp2again:2; do IFS=: read name tp flag <<< "$v"
+      run serve_offline_llama3-8b_$name 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size $tp $flag --out "$out/serve_offline_llama3-8b_$name.json"; done
+    [ -n "${PROFILE:-}" ] && run profile_tp2 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size 2 --profile "$out/profile_tp2.txt" --profile-window 40:10 --profile-window 300:10 --out "$out/profiled_tp2.json"
+    [ -n "${TESTS:-}" ] && run tp_gpu_tests 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_tensor_parallel_gpu.py
+    ;;
   tp4)
     # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)
     run single_stream_llama2-70b_tp4 400 $PY bench/single_stream.py --models llama2-70b --peers none --runs 2 --tensor-parallel-size 4 --out "$out/single_stream_llama2-70b_tp4.json"

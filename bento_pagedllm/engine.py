@@ -205,10 +205,11 @@ class LLMEngine:
         self.last_plan = plan  # read by metrics and tests
         launched = None
         if not plan.is_empty:
-            if self.workers is not None:
-                self.workers.send_step(plan)  # the other ranks run the same step alongside
             try:
-                launched = self.runner.launch(plan)
+                inputs = self.runner.prepare(plan)
+                if self.workers is not None:
+                    self.workers.send_step(inputs)  # the other ranks run the same step alongside
+                launched = self.runner.launch(plan, inputs)
             except BaseException:
                 if self.workers is not None:
                     # NOTE: the ranks may now disagree on which collective comes next: the group cannot go

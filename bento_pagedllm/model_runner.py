@@ -4,8 +4,8 @@ It owns the KV cache and the device; it makes no scheduling decisions. One call 
 engine step, whatever mix of prefill chunks, decodes and recomputes the plan holds.
 
 Under tensor parallelism every rank has a runner over its shard of the model and of the KV cache (its
-KV heads of every block); all ranks run `launch` on the same plan (rank 0 sends it, see
-distributed/workers.py) and only rank 0 samples.
+KV heads of every block). Rank 0 turns the plan into host inputs (`prepare`) and sends them to the other
+ranks (distributed/workers.py); every rank runs `launch` on the same inputs, and only rank 0 samples.
 """
 
 from __future__ import annotations
@@ -133,26 +133,43 @@ class ModelRunner:
         """Run one step and wait for it: the sampled token of each of the plan's sampling rows, in order."""
         return self.collect(self.launch(plan))
 
+    def prepare(self, plan: StepPlan) -> "HostInputs":
+        """The step's inputs as host lists: all a rank needs to run it (rank 0 prepares, workers receive).
+
+        Why here and only once: a worker that rebuilt them from the plan (a Python loop over the
+        sequences, after unpickling thousands of objects) launched its part of a 450-sequence step
+        ~5 ms after rank 0, whose device then waited inside the step's first all-reduce.
+        """
+        host = self._host_inputs(plan)
+        if host.pending_positions:
+            rows = self._last_sampled[0]
+            host.pending_rows = [rows[seq_id] for seq_id in host.pending_seq_ids]
+        host.block_copies = plan.block_copies
+        host.num_sampling_rows = len(plan.sampling_rows)
+        return host
+
     @torch.inference_mode()
-    def launch(self, plan: StepPlan) -> "LaunchedStep":
+    def launch(self, plan: StepPlan | None, host: "HostInputs | None" = None) -> "LaunchedStep":
         """Queue one step on the device (model, sampling, the copy of the sampled ids to the host) and
-        return without waiting for it, so the host can plan the next step meanwhile.
+        return without waiting for it, so the host can plan the next step meanwhile. `host`: the plan's
+        `prepare`d inputs (made here if not given); a worker rank passes no plan (it does not sample).
 
         NOTE: a plan's PENDING_TOKEN inputs are the tokens sampled by the previous launch: they are copied
         on the device, never through the host.
         """
-        host = self._host_inputs(plan)
+        host = host if host is not None else self.prepare(plan)
         pending = self._pending_inputs(host)
         started = self._record_event()
-        for src, dst in plan.block_copies:
+        num_seqs = len(host.query_lens)
+        for src, dst in host.block_copies:
             self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
         path = "eager"
-        if self.graphs is not None and host.all_decode and self.graphs.fits(len(plan.seqs)):
+        if self.graphs is not None and host.all_decode and self.graphs.fits(num_seqs):
             # NOTE: every decode computes logits, in plan order: the graph's rows are the logit rows
             path = "decode_graph"
             hidden = self.graphs.run(host.input_ids, host.positions, host.slots, host.seq_lens, host.tables,
                                      pending)
-        elif self.mixed_graphs is not None and self.mixed_graphs.fits(len(host.input_ids), len(plan.seqs)):
+        elif self.mixed_graphs is not None and self.mixed_graphs.fits(len(host.input_ids), num_seqs):
             path = "mixed_graph"
             hidden = self.mixed_graphs.run(host.input_ids, host.positions, host.slots, host.query_lens,
                                            host.seq_lens, host.tables, pending)
@@ -163,28 +180,29 @@ class ModelRunner:
                 pending.apply(input_ids)
             hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
             hidden = hidden[logits_indices]
-        rows = plan.sampling_rows
-        shape = (path, len(plan.seqs), len(host.input_ids))
-        if not rows:
+        shape = (path, num_seqs, len(host.input_ids))
+        if not host.num_sampling_rows:
             return self._launched(plan, None, started, shape)
         logits = self.model.compute_logits(hidden)  # [num_logit_rows, vocab] on rank 0, None elsewhere
-        sampled = None
+        sampled, rows = None, ()
         if self.parallel.is_driver:
+            rows = plan.sampling_rows
             if len(rows) != logits.shape[0]:  # forked choices share their prompt's logits row
                 logits = logits[to_device(torch.tensor([r.logits_index for r in rows]), self.device)]
             batch = SamplingBatch.from_rows(rows, self.configs.model.vocab_size, self.device, self.eos_token_ids)
             sampled = sample(logits, batch)
             token_ids = sampled.token_ids  # [rows] int64
         else:
-            token_ids = torch.empty(len(rows), dtype=torch.int64, device=self.device)
+            token_ids = torch.empty(host.num_sampling_rows, dtype=torch.int64, device=self.device)
         if self.configs.async_scheduling:
             # NOTE: the next plan's PENDING inputs are these tokens, which only rank 0 sampled: every
             # rank gets them now, device to device (a no-op at tp 1)
             self.parallel.broadcast_from_driver(token_ids)
+        # NOTE: the row of each sequence is read by rank 0's next `prepare` (workers get it from there)
         self._last_sampled = ({row.seq_id: i for i, row in enumerate(rows)}, token_ids)
         return self._launched(plan, sampled.copy_to_host() if sampled is not None else None, started, shape)
 
-    def _launched(self, plan: StepPlan, samples: HostSamples | None, started, shape) -> "LaunchedStep":
+    def _launched(self, plan: StepPlan | None, samples: HostSamples | None, started, shape) -> "LaunchedStep":
         step = LaunchedStep(plan, samples, started, self._record_event())
         if started is not None:
             self.timeline.append((started, step.ended, *shape))
@@ -205,13 +223,12 @@ class ModelRunner:
         return event
 
     def _pending_inputs(self, host: "HostInputs") -> "PendingInputs | None":
-        if not host.pending_seq_ids:
+        if not host.pending_positions:
             return None
-        rows, sampled = self._last_sampled
         # NOTE: pending inputs always come from the latest launch (the engine reads a step's tokens
         # before it plans the step after next)
-        src = [rows[seq_id] for seq_id in host.pending_seq_ids]
-        packed = pack_to_device(dict(dst=host.pending_positions, src=src), torch.int64, self.device)
+        sampled = self._last_sampled[1]
+        packed = pack_to_device(dict(dst=host.pending_positions, src=host.pending_rows), torch.int64, self.device)
         return PendingInputs(packed["dst"], packed["src"], sampled)
 
     def _host_inputs(self, plan: StepPlan) -> "HostInputs":
@@ -280,7 +297,7 @@ class PendingInputs:
 class LaunchedStep:
     """A step queued on the device; `samples` become readable when its copy to the host completes."""
 
-    plan: StepPlan
+    plan: StepPlan | None  # None on a worker rank
     samples: HostSamples | None
     started: "torch.cuda.Event | None" = None  # device timeline, when the runner records it
     ended: "torch.cuda.Event | None" = None
@@ -294,6 +311,9 @@ class LaunchedStep:
 
 @dataclass
 class HostInputs:
+    """A step's inputs on the host, as `ModelRunner.prepare` makes them from a plan: what every rank
+    needs to run the step (rank 0 pickles them to the workers: plain lists and ints, cheap to send)."""
+
     input_ids: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)
@@ -304,3 +324,6 @@ class HostInputs:
     all_decode: bool = False
     pending_positions: list[int] = field(default_factory=list)  # inputs to take from the previous step
     pending_seq_ids: list[int] = field(default_factory=list)
+    pending_rows: list[int] = field(default_factory=list)  # their rows in the previous step's samples
+    block_copies: tuple[tuple[int, int], ...] = ()
+    num_sampling_rows: int = 0

@@ -22,40 +22,40 @@ _TIMEOUT = datetime.timedelta(minutes=30)
 
 
 class PeerAllReduce:
-    """A one-shot all-reduce through peer memory over NVLink, for the small messages of decode steps.
+    """An all-reduce through peer memory over NVLink, for the messages of decode and small mixed steps.
 
-    Why: a decode step of a 32-layer model all-reduces 65 times, each a few hundred KB; NCCL's ring
-    protocol costs ~20 us a call at that size on the H200 pair, about a third of a tensor-parallel step.
-    Here each rank copies its input into a buffer every rank has mapped (torch's symmetric memory), and one
-    kernel reads all the ranks' buffers and sums them (torch's `symm_mem.one_shot_all_reduce`: a barrier
-    through signal pads, plain loads, no multicast, so NVLink multicast stays off). Larger messages
-    (prefill) go to NCCL.
+    Why: a step of a 32-layer model all-reduces 65 times; inside a CUDA graph on the H200 pair
+    (bench/allreduce.py, 2026-12-01) NCCL took 12 us for up to 64 KB, 19 us for 1 MB and 36 us for 4 MB,
+    torch's two-shot kernel through peer memory 8, 12 and 22 us. Each rank copies its input into a buffer
+    every rank has mapped (torch's symmetric memory); `symm_mem.two_shot_all_reduce_` has each rank sum
+    its half of every rank's buffer and write the sums to every rank's buffer (plain loads and stores
+    behind a barrier through signal pads, no multicast, so NVLink multicast stays off); the sum is copied
+    back in place. Larger messages (big prefill steps) go to NCCL, as fast there.
 
     NOTE: built by every rank at group start (the rendezvous is collective), never lazily: the first
     all-reduce may run inside a CUDA graph capture.
     """
 
-    # NOTE: measured on 2 H200s (Llama-3-8B shape, the 500-request workload, 2026-11-30): NCCL alone 55.5
-    # req/s; this path for messages up to 8 MB 40.9, up to 512 KB (64 tokens of a 4096-wide bf16 model)
-    # 36.7, on another machine of the kind. Not yet profiled: hence off by default (EngineArgs).
-    MAX_BYTES = 512 << 10
+    MAX_BYTES = 8 << 20  # 1,024 tokens of a 4096-wide bf16 model
 
     def __init__(self, group: "dist.ProcessGroup", device: torch.device, dtype: torch.dtype) -> None:
         import torch.distributed._symmetric_memory as symm_mem
 
         self.group_name = group.group_name
+        self.world_size = group.size()
         self.buffer = symm_mem.empty(self.MAX_BYTES // dtype.itemsize, dtype=dtype, device=device)
         symm_mem.rendezvous(self.buffer, group.group_name)
 
     def fits(self, x: torch.Tensor) -> bool:
-        # NOTE: the kernel reads 16 bytes at a time
-        small = x.numel() <= self.buffer.numel() and x.numel() * x.element_size() % 16 == 0
-        return x.dtype == self.buffer.dtype and small
+        # NOTE: each rank's share must be whole 16-byte vectors (the kernel moves 16 bytes at a time)
+        whole = x.numel() * x.element_size() % (16 * self.world_size) == 0
+        return x.dtype == self.buffer.dtype and x.numel() <= self.buffer.numel() and whole
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         staged = self.buffer[: x.numel()]
         staged.copy_(x.reshape(-1))
-        return torch.ops.symm_mem.one_shot_all_reduce(staged, "sum", self.group_name).view(x.shape)
+        torch.ops.symm_mem.two_shot_all_reduce_(staged, "sum", self.group_name)
+        return x.copy_(staged.view(x.shape))
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,7 @@ class ParallelConfig:
 
     # ---- collectives (no-ops at size 1) ---------------------------------------------------------
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """Sum over ranks (row-parallel outputs, the vocabulary-parallel embedding): NCCL's in place, or
-        the peer-memory one's in a new tensor; use the returned tensor."""
+        """Sum over ranks (row-parallel outputs, the vocabulary-parallel embedding), in place."""
         if self.size == 1:
             return x
         if self.peer_all_reduce is not None and self.peer_all_reduce.fits(x):

@@ -1,11 +1,12 @@
 """Ranks 1..size-1 of a tensor-parallel engine: one spawned process each, driven by rank 0.
 
 Rank 0 (the engine's own process) owns the scheduler, the block manager and sampling. Every step it
-sends the `StepPlan` to each worker over a pipe; each worker runs `ModelRunner.launch` on it, which takes
+sends the step's host inputs (`ModelRunner.prepare`) to each worker over a pipe; each worker runs
+`ModelRunner.launch` on them, which takes
 part in the model's collectives (the all-reduces of the row-parallel layers and of the embedding, the
 gather of the logits to rank 0, and under async scheduling the broadcast of the sampled token ids).
 
-NOTE: the plan travels over a pipe, not a collective, so an idle worker blocks in `recv` for as long as the
+NOTE: the inputs travel over a pipe, not a collective, so an idle worker blocks in `recv` for as long as the
 server is idle: a collective would hit the process group's timeout (and NCCL's watchdog) after minutes
 without requests. Collectives carry only tensors, in lockstep inside a step.
 """
@@ -24,7 +25,7 @@ import torch.multiprocessing as mp
 
 from ..config import EngineConfigs
 from ..loader import ModelSource
-from ..scheduler import StepPlan
+from ..model_runner import HostInputs, ModelRunner
 from .parallel_state import ParallelConfig, leave_group, driver_store, init_group, worker_store
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class WorkerSpec:
 
 
 class WorkerStepTimes:
-    """Where a worker's host time goes, per step: waiting for the plan, unpickling it, launching it.
+    """Where a worker's host time goes, per step: waiting for the inputs, unpickling them, launching.
 
     Why: rank 0 cannot see a worker's host. A worker that launches late holds rank 0's device inside the
     step's first collective, which rank 0's timeline counts as busy; these times show it (logged at exit).
@@ -78,12 +79,9 @@ class WorkerStepTimes:
 
 
 def worker_main(spec: WorkerSpec, conn) -> None:
-    """A worker's life: join the group, build its shard and runner, then run every plan rank 0 sends
+    """A worker's life: join the group, build its shard and runner, then run every step rank 0 sends
     until it sends None (or the pipe closes: rank 0 is gone)."""
-    from ..engine import build_model  # NOTE: here, not at import: the engine imports this module
-    from ..model_runner import ModelRunner
-
-    from ..engine import quiet_garbage_collector
+    from ..engine import build_model, quiet_garbage_collector  # NOTE: here: the engine imports this module
 
     logging.basicConfig(level=spec.log_level, format=f"%(asctime)s rank{spec.rank} %(name)s %(levelname)s %(message)s")
     configs = rank_configs(spec.configs, spec.rank)
@@ -108,11 +106,11 @@ def worker_main(spec: WorkerSpec, conn) -> None:
             except EOFError:
                 break
             unpickling = time.perf_counter()
-            plan: StepPlan | None = pickle.loads(payload)
-            if plan is None:
+            inputs: HostInputs | None = pickle.loads(payload)
+            if inputs is None:
                 break
             launching = time.perf_counter()
-            runner.launch(plan)
+            runner.launch(None, inputs)
             times.add(unpickling - waiting, launching - unpickling, time.perf_counter() - launching)
     except Exception:
         logger.exception("tensor-parallel worker %d failed", spec.rank)
@@ -158,13 +156,12 @@ class TensorParallelWorkers:
             raise
         logger.info("tensor parallelism: %d ranks (%s)", size, [p.pid for p in self._procs])
 
-    def send_step(self, plan: StepPlan) -> None:
-        """Every worker runs this plan next (they enter its collectives when rank 0 does).
+    def send_step(self, inputs: HostInputs) -> None:
+        """Every worker runs this step next (they enter its collectives when rank 0 does).
 
-        NOTE: pickled once for all workers (a 256-sequence decode plan: ~60 KB, ~0.8 ms to pickle on
-        this project's CPU).
+        NOTE: pickled once for all workers.
         """
-        payload = pickle.dumps(plan, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL)
         for rank, conn in enumerate(self._conns, start=1):
             try:
                 conn.send_bytes(payload)
