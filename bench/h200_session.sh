@@ -157,10 +157,12 @@ case $part in
     [ -n "${OFFLINE8B:-}" ] && run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
     ;;
   decode_splits)
+    # (TESTS=1: the GPU tests first)
+    [ -n "${TESTS:-}" ] && run gpu_tests 300 $PY -m pytest -q -p no:cacheprovider tests/gpu
     # issue 4: decode attention alone, one to a few sequences, at every split count, fused rotary and not
     # (bench/decode_attention.py): the split count a single short sequence wants, and its cost a layer
     for shape in llama2-7b llama3-8b; do
-      run decode_attention_$shape 150 $PY bench/decode_attention.py --shape $shape --seqs 1,4 --contexts 128,384,1024,4096 --out "$out/decode_attention_$shape.json"; done
+      run decode_attention_$shape 150 $PY bench/decode_attention.py --shape $shape --seqs ${SEQS:-1,4} --contexts 128,384,1024,4096 --out "$out/decode_attention_$shape.json"; done
     ;;
   rows16_final)
     # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;
