@@ -213,7 +213,7 @@ case $part in
     S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
     NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING run allreduce_default 90 $PY bench/allreduce.py --out "$out/allreduce_default.json"
     for env in NCCL_MIN_NCHANNELS=16 NCCL_PROTO=LL128 NCCL_PROTO=Simple; do
-      env $env $PY bench/allreduce.py --out "$out/allreduce_${env#NCCL_}.json" > "$out/allreduce_${env#NCCL_}.log" 2>&1; done
+      env $env $PY bench/allreduce.py --out "$out/allreduce_${env//=/_}.json" > "$out/allreduce_${env//=/_}.log" 2>&1; done
     run serve_offline_llama3-8b_tp1 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_tp1.json"
     for v in ${VARIANTS:-}; do name=${v%%=*}; setting=${v#*=}
       if [ "${setting%%:*}" = ab ]; then
