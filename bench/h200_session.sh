@@ -232,6 +232,14 @@ case $part in
     [ -n "${PROFILE:-}" ] && run profile_tp2 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size 2 --profile "$out/profile_tp2.txt" --profile-window 40:10 --profile-window 300:10 --out "$out/profiled_tp2.json"
     [ -n "${TESTS:-}" ] && run tp_gpu_tests 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_tensor_parallel_gpu.py
     ;;
+  splits_ab)
+    # issues 4 and 5: the decode split rule, from HEAD and from each export named in AB (ab/NAME first on
+    # PYTHONPATH), alternating: Llama-2-7B single stream, then Llama-3-8B offline with vLLM's batch settings
+    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
+    for v in head ${AB:-}; do
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models ${MODELS:-llama2-7b} --peers none --runs 3 --out "$out/single_stream_$v.json"
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run serve_offline_llama3-8b_$v 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_$v.json"; done
+    ;;
   tp4)
     # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)
     run single_stream_llama2-70b_tp4 400 $PY bench/single_stream.py --models llama2-70b --peers none --runs 2 --tensor-parallel-size 4 --out "$out/single_stream_llama2-70b_tp4.json"
