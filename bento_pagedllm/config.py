@@ -220,7 +220,7 @@ class EngineConfigs:
     async_scheduling: bool = False  # plan and launch step N+1 before reading step N's tokens
     tensor_parallel_size: int = 1  # processes (one device each) the heads and vocabulary are split over
     native_cpu_ops: bool = True  # CPU, float32: fused native operators (kernels/cpu_ops.cpp), not torch's
-    peer_all_reduce: bool = False  # CUDA tensor parallelism: small all-reduces through NVLink peer memory
+    peer_all_reduce: bool = False  # CUDA tensor parallelism: all-reduces up to 8 MB through NVLink peer memory
     fused_gemv_rows: int = FUSED_GEMV_ROWS  # CUDA, 16-bit: steps of up to this many tokens project with kernels/gemv.py
     dependent_launch: bool = True  # CUDA 9.0+: decode kernels launch as programmatic dependents (kernels/gemv.py)
     quiet_gc: bool = False  # freeze the startup heap, collect young objects less often (engine.py)
