@@ -234,11 +234,14 @@ case $part in
     ;;
   splits_ab)
     # issues 4 and 5: the decode split rule, from HEAD and from each export named in AB (ab/NAME first on
-    # PYTHONPATH), alternating: Llama-2-7B single stream, then Llama-3-8B offline with vLLM's batch settings
+    # PYTHONPATH), alternating: Llama-3-8B offline with vLLM's batch settings, Llama-2-7B offline as in
+    # `offline` (SINGLE=1: Llama-2-7B single stream first)
     S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
     for v in head ${AB:-}; do
-      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models ${MODELS:-llama2-7b} --peers none --runs 3 --out "$out/single_stream_$v.json"
-      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run serve_offline_llama3-8b_$v 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_$v.json"; done
+      P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
+      [ -n "${SINGLE:-}" ] && PYTHONPATH=$P run single_stream_$v 100 $PY bench/single_stream.py --models llama2-7b --peers none --runs 3 --out "$out/single_stream_$v.json"
+      PYTHONPATH=$P run serve_offline_llama3-8b_$v 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_$v.json"
+      PYTHONPATH=$P run serve_offline_llama2-7b_$v 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_$v.json"; done
     ;;
   tp4)
     # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)
