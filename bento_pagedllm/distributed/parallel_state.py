@@ -26,7 +26,7 @@ class PeerAllReduce:
 
     Why: a step of a 32-layer model all-reduces 65 times; inside a CUDA graph on the H200 pair
     (bench/allreduce.py, 2026-12-01) NCCL took 12 us for up to 64 KB, 19 us for 1 MB and 36 us for 4 MB,
-    torch's two-shot kernel through peer memory 8, 12 and 22 us. Each rank copies its input into a buffer
+    torch's two-shot kernel through peer memory 9, 12 and 22 us. Each rank copies its input into a buffer
     every rank has mapped (torch's symmetric memory); `symm_mem.two_shot_all_reduce_` has each rank sum
     its half of every rank's buffer and write the sums to every rank's buffer (plain loads and stores
     behind a barrier through signal pads, no multicast, so NVLink multicast stays off); the sum is copied
