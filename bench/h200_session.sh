@@ -243,6 +243,16 @@ case $part in
       PYTHONPATH=$P run serve_offline_llama3-8b_$v 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_$v.json"
       PYTHONPATH=$P run serve_offline_llama2-7b_$v 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_$v.json"; done
     ;;
+  final_ab)
+    # issues 4 and 5 in one short call: the GPU decode kernel tests (TESTS=1); Llama-2-7B single stream from
+    # HEAD and from each export in AB; Llama-3-8B offline (vLLM's batch settings) from HEAD and the last export
+    [ -n "${TESTS:-}" ] && run gpu_decode_tests 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k decode
+    for v in head ${AB:-}; do
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models llama2-7b --peers none --runs 3 --out "$out/single_stream_$v.json"; done
+    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
+    for v in head ${AB##* }; do
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run serve_offline_llama3-8b_$v 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_$v.json"; done
+    ;;
   tp4)
     # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)
     run single_stream_llama2-70b_tp4 400 $PY bench/single_stream.py --models llama2-70b --peers none --runs 2 --tensor-parallel-size 4 --out "$out/single_stream_llama2-70b_tp4.json"
