@@ -246,7 +246,7 @@ case $part in
   final_ab)
     # issues 4 and 5 in one short call: the GPU decode kernel tests (TESTS=1); Llama-2-7B single stream from
     # HEAD and from each export in AB; Llama-3-8B offline (vLLM's batch settings) from HEAD and the last export
-    [ -n "${TESTS:-}" ] && run gpu_decode_tests 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k decode
+    [ -n "${TESTS:-}" ] && run gpu_decode_tests 90 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k decode
     for v in head ${AB:-}; do
       PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models llama2-7b --peers none --runs 3 --out "$out/single_stream_$v.json"; done
     S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
