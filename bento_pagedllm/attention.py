@@ -116,7 +116,6 @@ class AttentionBackend:
         scale: float,
         ops,  # the model's small operators (models/ops.py): their rotary_and_store_kv
         rotary_context,  # ops.rotary_context(...) of this step
-        next_projection=None,  # the linear layer the attention output goes to (a backend may prefetch it)
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         q = ops.rotary_and_store_kv(q, k, v, kv_cache, rotary_context, meta.slot_mapping)
         return self.forward(q, kv_cache, meta, scale)

@@ -36,17 +36,14 @@ class TritonAttentionBackend(AttentionBackend):
         self.split_counters = torch.zeros(MAX_SPLIT_PAIRS, dtype=torch.int32, device=device)
         self.pdl = dependent_launch
 
-    def forward_new_tokens(self, q, k, v, kv_cache, meta, scale, ops, rotary_context, next_projection=None):
+    def forward_new_tokens(self, q, k, v, kv_cache, meta, scale, ops, rotary_context):
         """A single sequence's decode step: the decode kernel does the rotary embedding and the cache write
-        itself (one launch, no kernel boundary between), and on CUDA asks L2 for `next_projection`'s
-        weight meanwhile (HBM would idle through so short an attention). NOTE: only for one sequence:
-        batches ran slower fused than through the rotary kernel and attention (kernels/paged_decode.py
-        has the figures)."""
+        itself (one launch, no kernel boundary between). NOTE: only for one sequence: batches ran slower
+        fused than through the rotary kernel and attention (kernels/paged_decode.py has the figures)."""
         if not (meta.num_seqs == 1 and len(meta.decode_indices_host) == 1):
             return super().forward_new_tokens(q, k, v, kv_cache, meta, scale, ops, rotary_context)
         _, cos, sin = rotary_context  # NOTE: TritonOps' context: positions (seq_len - 1 here), tables
-        prefetch = next_projection.weight if next_projection is not None and q.is_cuda else None
-        return self._decode(q, kv_cache, meta, scale, NewKV(k, v, meta.slot_mapping, cos, sin), prefetch)
+        return self._decode(q, kv_cache, meta, scale, NewKV(k, v, meta.slot_mapping, cos, sin))
 
     def forward(
         self,
@@ -63,12 +60,12 @@ class TritonAttentionBackend(AttentionBackend):
             max(meta.query_lens_host), scale,
         )
 
-    def _decode(self, q, kv_cache, meta, scale, new_kv: NewKV | None, prefetch=None) -> torch.Tensor:
+    def _decode(self, q, kv_cache, meta, scale, new_kv: NewKV | None) -> torch.Tensor:
         """NOTE: one query token per sequence, so the tokens are the sequences, in order."""
         k_cache, v_cache = kv_cache
         num_splits = choose_num_splits(max(meta.seq_lens_host), meta.num_seqs, q.shape[1], k_cache.shape[2],
                                        q.device)
         return paged_decode_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits=num_splits,
-            split_counters=self.split_counters, pdl=self.pdl, new_kv=new_kv, prefetch=prefetch,
+            split_counters=self.split_counters, pdl=self.pdl, new_kv=new_kv,
         )

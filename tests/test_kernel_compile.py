@@ -47,8 +47,7 @@ def ptx(kernel, constants, num_warps=4, num_stages=3):
 def facts(text):
     wait = text.find("griddepcontrol.wait")
     return {"wait": wait, "launch": text.find("griddepcontrol.launch_dependents"),
-            "first_load": text.find("ld.global"), "prefetches": text.count("prefetch.global.L2"),
-            "first_prefetch": text.find("prefetch.global.L2")}
+            "first_load": text.find("ld.global"), "prefetches": text.count("prefetch.global.L2")}
 
 
 result = {}
@@ -64,14 +63,9 @@ for pdl in (False, True):  # o and down: no norm, W double-buffered, its first t
 for pdl in (False, True):
     for fused_rotary in (False, True):
         constants = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_N=64, SINGLE_SPLIT=False,
-                         ROTARY=fused_rotary, DOT_PRECISION="tf32", USE_PDL=pdl, EARLY_TILE=fused_rotary,
-                         PREFETCH=False, LINE_ELEMS=64)
+                         ROTARY=fused_rotary, DOT_PRECISION="tf32", USE_PDL=pdl, EARLY_TILE=fused_rotary)
         name = "decode" + (" rotary" if fused_rotary else "")
         result[f"{name} pdl={pdl}"] = facts(ptx(paged_decode._decode_split_kernel, constants, num_stages=2))
-        if fused_rotary:  # the single-sequence step, asking L2 for the o projection's weight
-            constants["PREFETCH"] = True
-            result[f"{name} prefetch pdl={pdl}"] = facts(ptx(paged_decode._decode_split_kernel, constants,
-                                                            num_stages=2))
     constants = dict(NUM_HEADS=32, HEADS_PAD=32, NUM_KV_HEADS=8, KV_HEADS_PAD=8, HALF=64, BLOCK_SIZE=16,
                      USE_PDL=pdl)
     result[f"rotary pdl={pdl}"] = facts(ptx(rotary._rotary_store_kv_kernel, constants))
@@ -104,14 +98,7 @@ def test_a_plain_dependent_projection_loads_w_before_it_waits(compiled):
     assert facts["prefetches"] == 0 and 0 <= facts["first_load"] < facts["wait"] < facts["launch"]
 
 
-def test_single_sequence_attention_prefetches_the_next_weight_before_it_waits(compiled):
-    """The o projection's weight is read-only in a step: its prefetch may overlap the kernel ahead."""
-    facts = compiled["decode rotary prefetch pdl=True"]
-    assert facts["prefetches"] >= 1 and 0 <= facts["first_prefetch"] < facts["wait"] < facts["launch"]
-    assert compiled["decode rotary pdl=True"]["prefetches"] == 0
-
-
-@pytest.mark.parametrize("kernel", ["decode", "decode rotary", "decode rotary prefetch", "rotary"])
+@pytest.mark.parametrize("kernel", ["decode", "decode rotary", "rotary"])
 def test_dependent_attention_kernels_wait_before_letting_the_next_launch(compiled, kernel):
     facts = compiled[f"{kernel} pdl=True"]
     assert 0 <= facts["wait"] < facts["launch"]

@@ -35,7 +35,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .attention_tile import LOG2E, attend_kv_tile, dot_precision, fold_kv_tile, load_kv_tile
-from .prefetch import prefetch_to_l2
 from .rotary import rotate_rounded
 
 # A split reads at least two tiles of keys (_tile_config: 64 at head_dim 128), and a short context is cut
@@ -103,35 +102,22 @@ def _fold_key(acc, m_i, l_i, q, k, v, qk_scale):
     return acc, m_new, l_i
 
 
-PREFETCH_LINES = tl.constexpr(1024)  # prefetch requests a program issues at a time (8 a thread at 4 warps)
-
-
 @triton.jit(do_not_specialize=["num_splits", "stride_bt"])  # NOTE: per-step values; see paged_prefill.py
 def _decode_split_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, counter_ptr,
-    k_new_ptr, v_new_ptr, slot_mapping_ptr, cos_ptr, sin_ptr, prefetch_ptr, prefetch_lines,
+    k_new_ptr, v_new_ptr, slot_mapping_ptr, cos_ptr, sin_ptr,
     qk_scale, num_splits, num_heads, num_kv_heads,
     stride_qs, stride_qh, stride_kns, stride_knh, stride_vns, stride_vnh, stride_cos,
     stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
     stride_bt, stride_os, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr, ROTARY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr, EARLY_TILE: tl.constexpr, PREFETCH: tl.constexpr, LINE_ELEMS: tl.constexpr,
+    USE_PDL: tl.constexpr, EARLY_TILE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    if PREFETCH:
-        # Ask L2 for this program's share of the next kernel's weight (no kernel of the step writes it, so
-        # before the wait): HBM would idle through a short attention, and the projection after it then
-        # reads from L2. One request per 128-byte line, every program an equal run of lines.
-        program = (seq * num_kv_heads + kv_head) * num_splits + split
-        num_programs = tl.num_programs(0) * num_kv_heads * num_splits
-        per_program = tl.cdiv(prefetch_lines, num_programs)
-        for first in range(program * per_program, (program + 1) * per_program, PREFETCH_LINES):
-            lines = tl.minimum(first + tl.arange(0, PREFETCH_LINES), prefetch_lines - 1)  # clamped, not masked
-            prefetch_to_l2(prefetch_ptr + lines.to(tl.int64) * LINE_ELEMS)
     seq_len = tl.load(seq_lens_ptr + seq)
     new_pos = seq_len - 1  # NOTE: the new token is the context's last (decode: one new token)
     # NOTE: each sequence is cut into num_splits pieces of whole tiles; the last pieces may be empty
@@ -289,7 +275,6 @@ def paged_decode_attention(
     split_counters: torch.Tensor | None = None,
     pdl: bool = False,
     new_kv: NewKV | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of each sequence's newest token over its whole paged context: [num_seqs, heads, head_dim].
 
@@ -302,8 +287,6 @@ def paged_decode_attention(
     `pdl`: launch as a programmatic dependent of the kernel before (kernels/gemv.py says why). With
     `new_kv` and a single sequence each program also reads its first K/V tile before that wait (only the
     one-row projection ahead lets its dependents start early, gemv.py).
-    `prefetch`: a contiguous weight a later kernel of the step reads (the o projection's), which the
-    programs ask L2 for at their start (CUDA only: inline PTX).
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -338,14 +321,10 @@ def paged_decode_attention(
         k_new, v_new, slots, cos, sin = new_kv.k, new_kv.v, new_kv.slot_mapping, new_kv.cos, new_kv.sin
         assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1 and cos.stride() == sin.stride()
         assert cos.stride(-1) == 1 and cos.shape[-1] == head_dim
-    prefetch_lines = 0
-    if prefetch is not None:
-        assert prefetch.is_contiguous() and 128 % prefetch.element_size() == 0
-        prefetch_lines = triton.cdiv(prefetch.numel() * prefetch.element_size(), 128)
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens,
         out, part_out, part_max, part_sum, counters,
-        k_new, v_new, slots, cos, sin, prefetch if prefetch is not None else q, prefetch_lines,
+        k_new, v_new, slots, cos, sin,
         scale * LOG2E, num_splits, num_heads, num_kv_heads,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         cos.stride(0),
@@ -353,8 +332,7 @@ def paged_decode_attention(
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
         SINGLE_SPLIT=single, ROTARY=new_kv is not None, DOT_PRECISION=dot_precision(q.dtype), USE_PDL=pdl,
-        EARLY_TILE=new_kv is not None and num_seqs == 1, PREFETCH=prefetch is not None,
-        LINE_ELEMS=128 // (prefetch if prefetch is not None else q).element_size(), launch_pdl=pdl, num_warps=num_warps, num_stages=num_stages,
+        EARLY_TILE=new_kv is not None and num_seqs == 1, launch_pdl=pdl, num_warps=num_warps, num_stages=num_stages,
         # NOTE: the fused rotary's products are rounded as torch rounds them (rotary.py); the cache path keeps
         # the fused multiply-adds (a 256-sequence Llama-2-7B decode step ran 0.7-1.3% slower without them)
         enable_fp_fusion=new_kv is None,

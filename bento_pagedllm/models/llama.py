@@ -94,8 +94,7 @@ class LlamaDecoderLayer(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         # rotary embedding, the new K/V into the cache, attention: [num_tokens, num_heads / tp, head_dim]
-        attn = backend.forward_new_tokens(q, k, v, kv_cache, meta, self.scale, ops, rotary_context,
-                                          next_projection=self.o_proj)
+        attn = backend.forward_new_tokens(q, k, v, kv_cache, meta, self.scale, ops, rotary_context)
         # [num_tokens, hidden], all-reduced (and, on the fused one-token path, already added to the residual)
         hidden, residual = ops.project(attn.reshape(num_tokens, self.q_size), self.o_proj, residual)
         # silu(gate) * up: [num_tokens, intermediate / tp]
