@@ -82,22 +82,6 @@ def test_paged_decode_matches_reference(case, new_kv):
     check_decode(case, DEVICE, new_kv=new_kv)
 
 
-@pytest.mark.parametrize("max_seq_len,num_seqs,num_heads,num_kv_heads,expected", [
-    (8192, 1, 32, 8, 16),  # Llama-3-8B, one sequence: ~one wave, 16 splits (measured best at 4096 tokens)
-    (1024, 8, 32, 8, 4),  # two waves
-    (1024, 1, 32, 8, 8),  # at most 8 for a short context
-    (4096, 4, 32, 32, 4),  # one query head per KV head: four waves
-    (384, 1, 32, 8, 2),  # two-tile splits: 3, down to a power of two
-    (100, 1, 32, 8, 1),
-    (8192, 33, 32, 8, 1),  # 264 programs already fill two waves of 132 multiprocessors
-])
-def test_decode_split_count(max_seq_len, num_seqs, num_heads, num_kv_heads, expected):
-    from bento_pagedllm.kernels.paged_decode import choose_num_splits
-
-    # NOTE: the CPU stands for an H200 (132 multiprocessors), as it does for the kernels' grids
-    assert choose_num_splits(max_seq_len, num_seqs, num_heads, num_kv_heads, torch.device("cpu")) == expected
-
-
 @pytest.mark.parametrize("case", PREFILL_CASES, ids=str)
 def test_paged_prefill_matches_reference(case):
     check_prefill(case, DEVICE)
