@@ -137,8 +137,9 @@ class ModelRunner:
         """The step's inputs as host lists: all a rank needs to run it (rank 0 prepares, workers receive).
 
         Why here and only once: a worker that rebuilt them from the plan (a Python loop over the
-        sequences, after unpickling thousands of objects) launched its part of a 450-sequence step
-        ~5 ms after rank 0, whose device then waited inside the step's first all-reduce.
+        sequences, after unpickling thousands of objects) spent ~4 ms of host time a step doing it, and
+        rank 0's all-reduces in 450-sequence steps took ~100 us against 36 us alone: waiting for the late
+        worker, as BENCHMARKS.md infers (issue 7's profile).
         """
         host = self._host_inputs(plan)
         if host.pending_positions:
