@@ -95,9 +95,9 @@ def worker_main(spec: WorkerSpec, conn) -> None:
     times = WorkerStepTimes()
     try:
         runner = ModelRunner(configs, build_model(configs, spec.source, parallel), parallel)
-        # NOTE: this process is the engine's alone (as the engine process is): each step unpickles a plan
-        # of thousands of small objects, and the collector's default passes over the model's heap would
-        # delay launches, holding rank 0 inside the step's first collective
+        # NOTE: this process is the engine's alone (as the engine process is): each step makes thousands
+        # of short-lived objects (the inputs' lists), and the collector's default passes over the model's
+        # heap would delay launches, holding rank 0 inside the step's first collective
         quiet_garbage_collector()
         while True:
             waiting = time.perf_counter()
