@@ -63,7 +63,8 @@ for pdl in (False, True):  # o and down: no norm, W double-buffered, its first t
 for pdl in (False, True):
     for fused_rotary in (False, True):
         constants = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_N=64, SINGLE_SPLIT=False,
-                         ROTARY=fused_rotary, DOT_PRECISION="tf32", USE_PDL=pdl, EARLY_TILE=fused_rotary)
+                         ROTARY=fused_rotary, DOT_PRECISION="tf32", USE_PDL=pdl, EARLY_TILE=fused_rotary,
+                         COMBINE_ROWS=4, COMBINE_SPLITS=8)
         name = "decode" + (" rotary" if fused_rotary else "")
         result[f"{name} pdl={pdl}"] = facts(ptx(paged_decode._decode_split_kernel, constants, num_stages=2))
     constants = dict(NUM_HEADS=32, HEADS_PAD=32, NUM_KV_HEADS=8, KV_HEADS_PAD=8, HALF=64, BLOCK_SIZE=16,

@@ -105,7 +105,7 @@ def _decode_split_kernel(
     stride_bt, stride_os, stride_oh,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr, ROTARY: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr, EARLY_TILE: tl.constexpr,
+    USE_PDL: tl.constexpr, EARLY_TILE: tl.constexpr, COMBINE_ROWS: tl.constexpr, COMBINE_SPLITS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -207,36 +207,55 @@ def _decode_split_kernel(
             tl.store(part_max_ptr + part, m_i, mask=row_valid)
             tl.store(part_sum_ptr + part, l_i, mask=row_valid)
 
-    if not SINGLE_SPLIT:
+    if not SINGLE_SPLIT and split < num_filled:
         # NOTE: the barrier orders every thread's partial stores before the count (one thread counts);
         # the atomic is acquire-release at GPU scope, so the last split, which reads every count, sees
-        # every partial
+        # every partial. Only the filled splits count (every program of the pair derives the same
+        # num_filled): an empty one, common in a CUDA graph sized for a longer context, just ends.
         tl.debug_barrier()
         counter = counter_ptr + seq * num_kv_heads + kv_head
-        if tl.atomic_add(counter, 1) == num_splits - 1:
-            _combine_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, parts, num_filled, seq, heads,
-                            row_valid, dims, stride_os, stride_oh, GROUP_PAD, HEAD_DIM)
+        if tl.atomic_add(counter, 1) == num_filled - 1:
+            _combine_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, num_filled, num_splits, seq, kv_head,
+                            num_heads, stride_os, stride_oh, GROUP, COMBINE_ROWS, COMBINE_SPLITS, HEAD_DIM)
             tl.store(counter, 0)  # ready for the next launch (the next layer)
 
 
 @triton.jit
-def _combine_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, parts, num_filled, seq, heads, row_valid,
-                    dims, stride_os, stride_oh, GROUP_PAD: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """out = sum_s exp2(m_s - M) * acc_s / sum_s exp2(m_s - M) * l_s over the filled splits, M their max.
+def _combine_splits(part_out_ptr, part_max_ptr, part_sum_ptr, out_ptr, num_filled, num_splits, seq, kv_head,
+                    num_heads, stride_os, stride_oh, GROUP: tl.constexpr, ROWS: tl.constexpr,
+                    SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """out = sum_s exp2(m_s - M) * acc_s / sum_s exp2(m_s - M) * l_s over the filled splits, M their max,
+    for the GROUP query heads of this KV head (ROWS: GROUP padded to a power of two).
 
+    Why this shape: the partials are read SPLITS at a time, each array with one load, so their round trips
+    to L2 overlap; a loop with one split per iteration waited for each in turn (2 x splits L2 latencies
+    on the critical path of every layer's attention at batch 1). Chunks fold in like flash attention's
+    tiles (running max, rescaled sums).
     NOTE: the partials are read through L2 (`.cg`): other programs wrote them, this SM's L1 may be stale.
     """
-    m_max = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    for s in range(0, num_filled):
-        m_max = tl.maximum(m_max, tl.load(part_max_ptr + parts + s, mask=row_valid, other=0.0, cache_modifier=".cg"))
-    out = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    total = tl.zeros([GROUP_PAD], tl.float32)
-    for s in range(0, num_filled):
-        weight = tl.exp2(tl.load(part_max_ptr + parts + s, mask=row_valid, other=0.0, cache_modifier=".cg") - m_max)
-        total += weight * tl.load(part_sum_ptr + parts + s, mask=row_valid, other=0.0, cache_modifier=".cg")
-        acc = tl.load(part_out_ptr + (parts + s)[:, None] * HEAD_DIM + dims[None, :], mask=row_valid[:, None],
-                      other=0.0, cache_modifier=".cg")
-        out += acc * weight[:, None]
+    rows = tl.arange(0, ROWS)
+    row_valid = rows < GROUP
+    heads = kv_head * GROUP + rows  # [ROWS]
+    parts = (seq * num_heads + heads) * num_splits  # [ROWS]: split 0 of each head
+    splits = tl.arange(0, SPLITS)
+    dims = tl.arange(0, HEAD_DIM)
+    m_run = tl.full([ROWS], float("-inf"), tl.float32)
+    total = tl.zeros([ROWS], tl.float32)
+    out = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    for first in range(0, num_filled, SPLITS):
+        index = parts[:, None] + (first + splits)[None, :]  # [ROWS, SPLITS]
+        valid = row_valid[:, None] & (first + splits < num_filled)[None, :]
+        m = tl.load(part_max_ptr + index, mask=valid, other=float("-inf"), cache_modifier=".cg")
+        m = tl.where(row_valid[:, None], m, 0.0)  # NOTE: padding rows stay finite (no inf - inf)
+        l = tl.load(part_sum_ptr + index, mask=valid, other=0.0, cache_modifier=".cg")
+        acc = tl.load(part_out_ptr + index[:, :, None] * HEAD_DIM + dims[None, None, :], mask=valid[:, :, None],
+                      other=0.0, cache_modifier=".cg")  # [ROWS, SPLITS, HEAD_DIM]
+        m_new = tl.maximum(m_run, tl.max(m, axis=1))  # NOTE: every chunk holds a filled split: finite
+        alpha = tl.exp2(m_run - m_new)
+        weight = tl.exp2(m - m_new[:, None])  # [ROWS, SPLITS]; 0 for the splits masked out
+        total = total * alpha + tl.sum(weight * l, axis=1)
+        out = out * alpha[:, None] + tl.sum(acc * weight[:, :, None], axis=1)
+        m_run = m_new
     out = out / tl.where(row_valid, total, 1.0)[:, None]
     tl.store(out_ptr + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
              out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
@@ -294,6 +313,10 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     group_pad = max(16, triton.next_power_of_2(group))  # NOTE: tl.dot needs >= 16 rows
     block_n, num_warps, num_stages = _tile_config(head_dim)
+    # the combine reads COMBINE_SPLITS partials of COMBINE_ROWS heads at once: 4,096 float32 values, 32
+    # registers a thread at 4 warps (NOTE: fixed per shape, not per split count: no variant per step)
+    combine_rows = triton.next_power_of_2(group)
+    combine_splits = max(1, min(MAX_SPLITS, 4096 // (combine_rows * head_dim)))
     single = num_splits == 1
     if single:  # NOTE: unused by the kernel, but it needs pointers
         part_out = part_max = part_sum = counters = out
@@ -323,7 +346,8 @@ def paged_decode_attention(
         block_tables.stride(0), out.stride(0), out.stride(1),
         GROUP=group, GROUP_PAD=group_pad, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
         SINGLE_SPLIT=single, ROTARY=new_kv is not None, DOT_PRECISION=dot_precision(q.dtype), USE_PDL=pdl,
-        EARLY_TILE=new_kv is not None and num_seqs == 1, launch_pdl=pdl, num_warps=num_warps, num_stages=num_stages,
+        EARLY_TILE=new_kv is not None and num_seqs == 1, COMBINE_ROWS=combine_rows, COMBINE_SPLITS=combine_splits,
+        launch_pdl=pdl, num_warps=num_warps, num_stages=num_stages,
         # NOTE: the fused rotary's products are rounded as torch rounds them (rotary.py); the cache path keeps
         # the fused multiply-adds (a 256-sequence Llama-2-7B decode step ran 0.7-1.3% slower without them)
         enable_fp_fusion=new_kv is None,
