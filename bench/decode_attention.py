@@ -49,7 +49,7 @@ def measure(shape: str, num_seqs: int, context: int, splits: list[int], fused: b
         new_kv = NewKV(k, v, last, angles.cos(), angles.sin())
     counters = torch.zeros(num_seqs * num_kv_heads, dtype=torch.int32, device=device)
     kv_bytes = 2 * num_seqs * context * num_kv_heads * HEAD_DIM * k_cache.element_size()
-    auto = choose_num_splits(context, num_seqs, num_kv_heads, device)
+    auto = choose_num_splits(context, num_seqs, num_heads, num_kv_heads, device)
     rows = []
     for n in sorted(set(splits) | {auto}):
         def call(n=n):

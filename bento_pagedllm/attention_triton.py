@@ -63,7 +63,8 @@ class TritonAttentionBackend(AttentionBackend):
     def _decode(self, q, kv_cache, meta, scale, new_kv: NewKV | None) -> torch.Tensor:
         """NOTE: one query token per sequence, so the tokens are the sequences, in order."""
         k_cache, v_cache = kv_cache
-        num_splits = choose_num_splits(max(meta.seq_lens_host), meta.num_seqs, k_cache.shape[2], q.device)
+        num_splits = choose_num_splits(max(meta.seq_lens_host), meta.num_seqs, q.shape[1], k_cache.shape[2],
+                                       q.device)
         return paged_decode_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, num_splits=num_splits,
             split_counters=self.split_counters, pdl=self.pdl, new_kv=new_kv,
