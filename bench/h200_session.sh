@@ -245,7 +245,7 @@ case $part in
     ;;
   final_ab)
     # issues 4 and 5 in one short call: the GPU decode kernel tests (TESTS=1); Llama-2-7B single stream and
-    # Llama-3-8B offline (vLLM's batch settings) from HEAD and from each export in AB (ab/NAME first on
+    # Llama-3-8B offline (vLLM's batch settings; OFFLINE7B=1: Llama-2-7B offline too) from HEAD and from each export in AB (ab/NAME first on
     # PYTHONPATH), in ABBA order (HEAD, the exports, the exports reversed, HEAD): one call's runs drift by a
     # few per cent (2026-12-01, run 6 of bench/results/h200-2026-12-01m), which that order cancels
     [ -n "${TESTS:-}" ] && run gpu_decode_tests 90 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k decode
@@ -253,7 +253,8 @@ case $part in
     order="head ${AB:-} $(echo ${AB:-} | tr ' ' '\n' | tac | tr '\n' ' ') head"
     n=0; for v in $order; do n=$((n + 1)); P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
       PYTHONPATH=$P run single_stream_${n}_$v 100 $PY bench/single_stream.py --models llama2-7b --peers none --runs 3 --out "$out/single_stream_${n}_$v.json"
-      PYTHONPATH=$P run serve_offline_llama3-8b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_${n}_$v.json"; done
+      PYTHONPATH=$P run serve_offline_llama3-8b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_${n}_$v.json"
+      [ -n "${OFFLINE7B:-}" ] && PYTHONPATH=$P run serve_offline_llama2-7b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_${n}_$v.json"; done
     ;;
   tp4)
     # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)

@@ -168,3 +168,24 @@ def test_dependent_launch_is_taken_only_where_the_gpu_has_it():
     for setting in (True, False):
         args = EngineArgs(model="unused", device="cpu", dependent_launch=setting)
         assert args.create_configs(tiny, "unused").dependent_launch is setting
+
+
+def test_the_decode_split_count_is_a_power_of_two_within_its_limits():
+    """choose_num_splits: one split once the programs fill two waves; otherwise a power of two, at least
+    two from 256 tokens on, and no more than the context has ~96-token pieces (132 multiprocessors on the
+    CPU, an H200's count)."""
+    from bento_pagedllm.kernels.paged_decode import MAX_SPLITS, choose_num_splits
+
+    cpu = torch.device("cpu")
+    for heads, kv_heads in ((32, 32), (32, 8), (9, 3)):
+        for seqs in (1, 2, 5, 8, 16, 33, 64, 300):
+            for context in (1, 64, 200, 256, 384, 1024, 4096, 32768):
+                splits = choose_num_splits(context, seqs, heads, kv_heads, cpu)
+                assert splits & (splits - 1) == 0 and 1 <= splits <= MAX_SPLITS
+                if seqs * kv_heads >= 2 * 132:
+                    assert splits == 1
+                elif context >= 256:
+                    assert splits >= 2
+                assert splits == 1 or splits * 96 <= max(context, 192)
+    # the measured cases of the docstring (Llama-3-8B shape): 8 x 1024 -> 4, 1 x 4096 -> 16
+    assert choose_num_splits(1024, 8, 32, 8, cpu) == 4 and choose_num_splits(4096, 1, 32, 8, cpu) == 16

@@ -37,11 +37,11 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .attention_tile import LOG2E, attend_kv_tile, dot_precision, fold_kv_tile, load_kv_tile
 from .rotary import rotate_rounded
 
-# A split reads at least two tiles of keys (_tile_config: 64 at head_dim 128), and a short context is cut
-# into at most 8 pieces (a split per 512 tokens beyond that): the last split combines every partial, one
-# after another, so more splits than that cost more than their parallelism gives.
-MIN_TOKENS_PER_SPLIT = 128
-TOKENS_PER_SPLIT_BEYOND_8 = 512
+# A split reads about 1.5 tiles of keys or more (_tile_config: 64 at head_dim 128), and a context is cut
+# into at most 8 pieces, or one per 256 tokens beyond 2,048: past that, the splits' prologues and the
+# combine cost more than their parallelism gives.
+MIN_TOKENS_PER_SPLIT = 96
+TOKENS_PER_SPLIT_BEYOND_8 = 256
 MAX_SPLITS = 64
 
 
@@ -56,13 +56,16 @@ def choose_num_splits(max_seq_len: int, num_seqs: int, num_heads: int, num_kv_he
                       device: torch.device) -> int:
     """Splits per sequence, a power of two: one when seqs x KV heads already fill two waves of
     multiprocessors, else enough for about two waves (four when each KV head serves one query head: its
-    programs are shorter, and more of them hide the memory latency), within the length limits above.
+    programs are shorter, and more of them hide the memory latency), within the length limits above, and
+    at least two from 256 tokens on (fewer than two waves of programs of one piece each leave
+    multiprocessors idle or a single program per multiprocessor, too few loads in flight).
 
     NOTE: measured on an H200 (bf16; bench/decode_attention.py, 2026-12-01, Llama-2-7B and Llama-3-8B
-    shapes, 1 to 16 sequences of 128 to 4096 tokens, every split count): this rule's total over those
-    cases is 6% above the best split count of each (the earlier one, four waves and 64-token splits of
-    any count: 15%); e.g. 8 x 1024 tokens of Llama-3-8B, 13.0 us against 17.0 with 9 splits, 1 x 4096
-    14.5 against 29.9 with 64. Odd counts (3, 5, 9, 17) measured slower than the powers of two beside them.
+    shapes, 1 to 16 sequences of 128 to 4096 tokens, every split count; bench/results/h200-2026-12-01m):
+    this rule's total over those cases is 0.8% above the best split count of each, 17% in the worst case
+    (the earlier rule, four waves and 64-token splits of any count: 11% and 2x); e.g. 8 x 1024 tokens of
+    Llama-3-8B, 13.0 us against 17.0 with 9 splits, 1 x 4096 14.5 against 29.9 with 64. Odd counts (3, 5,
+    9, 17) measured slower than the powers of two beside them.
     """
     programs = num_seqs * num_kv_heads
     sms = _num_multiprocessors(device)
@@ -71,6 +74,8 @@ def choose_num_splits(max_seq_len: int, num_seqs: int, num_heads: int, num_kv_he
         return 1
     wanted = min(waves * sms / programs, max_seq_len / MIN_TOKENS_PER_SPLIT,
                  max(8, max_seq_len / TOKENS_PER_SPLIT_BEYOND_8), MAX_SPLITS)
+    if max_seq_len >= 256:
+        wanted = max(wanted, 2)
     return 1 << (int(max(1.0, wanted)).bit_length() - 1)  # the power of two at or below
 
 
