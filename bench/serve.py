@@ -232,7 +232,8 @@ def run_transformers(args, requests) -> dict:
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     config = AutoConfig.from_pretrained(args.model_path)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda().eval()
+    with torch.device("cuda"):  # NOTE: random init on the GPU: a minute on the CPU for a 7B model
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
     generation = GenerationConfig(do_sample=False, max_new_tokens=max(r["max_tokens"] for r in requests),
                                   eos_token_id=-1, pad_token_id=0)  # NOTE: -1: no token ends a request early
     manager = model.init_continuous_batching(generation_config=generation)
@@ -245,6 +246,8 @@ def run_transformers(args, requests) -> dict:
             records[request_id] = {"ok": False, "start": start, "tokens": [], "prompt_len": len(r["prompt_ids"])}
         pending = set(records)
         while pending:
+            if args.deadline and time.perf_counter() - start > args.deadline:
+                break  # NOTE: the requests still pending count as failed; the JSON says how many
             result = manager.get_result(timeout=1)
             if result is None:
                 if not manager.is_running():
@@ -261,9 +264,11 @@ def run_transformers(args, requests) -> dict:
                 record["tokens"] = [now] * len(result.generated_tokens)
         wall = time.perf_counter() - start
     finally:
-        manager.stop(block=True)
+        # NOTE: past a deadline the thread would finish the pending requests first: not waited for (the
+        # caller writes the JSON, then its time limit ends the process)
+        manager.stop(block=not args.deadline)
     return report(list(records.values()), wall, {"peer": "transformers continuous batching",
-                                                 "unfinished": len(pending),
+                                                 "unfinished": len(pending), "deadline_s": args.deadline,
                                                  "transformers": __import__("transformers").__version__})
 
 
@@ -404,6 +409,8 @@ def main() -> None:
     parser.add_argument("--profile", default=None, help="offline: write a table of the device's kernels over the run here")
     parser.add_argument("--profile-window", action="append", default=[], metavar="START:COUNT",
                         help="with --profile: a table for these steps alone (repeatable)")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="transformers: stop after this many seconds and report the requests finished by then")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.shape:

@@ -37,11 +37,13 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from .attention_tile import LOG2E, attend_kv_tile, dot_precision, fold_kv_tile, load_kv_tile
 from .rotary import rotate_rounded
 
-# A split reads about 1.5 tiles of keys or more (_tile_config: 64 at head_dim 128), and a context is cut
-# into at most 8 pieces, or one per 256 tokens beyond 2,048: past that, the splits' prologues and the
-# combine cost more than their parallelism gives.
+# One sequence: a split reads about 1.5 tiles of keys or more (_tile_config: 64 at head_dim 128), and the
+# context is cut into at most 8 pieces, or one per 256 tokens beyond 2,048: past that, the splits'
+# prologues and the combine cost more than their parallelism gives. A batch: a split reads at least one
+# tile (BATCH_TOKENS_PER_SPLIT).
 MIN_TOKENS_PER_SPLIT = 96
 TOKENS_PER_SPLIT_BEYOND_8 = 256
+BATCH_TOKENS_PER_SPLIT = 64
 MAX_SPLITS = 64
 
 
@@ -54,24 +56,31 @@ def _num_multiprocessors(device: torch.device) -> int:
 
 def choose_num_splits(max_seq_len: int, num_seqs: int, num_heads: int, num_kv_heads: int,
                       device: torch.device) -> int:
-    """Splits per sequence, a power of two: one when seqs x KV heads already fill two waves of
-    multiprocessors, else enough for about two waves (four when each KV head serves one query head: its
-    programs are shorter, and more of them hide the memory latency), within the length limits above, and
-    at least two from 256 tokens on (fewer than two waves of programs of one piece each leave
-    multiprocessors idle or a single program per multiprocessor, too few loads in flight).
+    """Splits per sequence.
 
-    NOTE: measured on an H200 (bf16; bench/decode_attention.py, 2026-12-01, Llama-2-7B and Llama-3-8B
-    shapes, 1 to 16 sequences of 128 to 4096 tokens, every split count; bench/results/h200-2026-12-01m):
-    this rule's total over those cases is 0.8% above the best split count of each, 17% in the worst case
-    (the earlier rule, four waves and 64-token splits of any count: 11% and 2x); e.g. 8 x 1024 tokens of
-    Llama-3-8B, 13.0 us against 17.0 with 9 splits, 1 x 4096 14.5 against 29.9 with 64. Odd counts (3, 5,
-    9, 17) measured slower than the powers of two beside them.
+    One sequence: a power of two, enough for about two waves of programs (four when each KV head serves
+    one query head: its programs are shorter, and more of them hide the memory latency), within the
+    length limits above, and at least two from 256 tokens on. A batch: one split when seqs x KV heads
+    already fill two waves, else enough for about four waves, of any count.
+
+    NOTE: measured on an H200 (bf16). Alone (bench/decode_attention.py, Llama-2-7B and Llama-3-8B
+    shapes, 1 to 16 sequences of equal length, 128 to 4096 tokens, every split count; results
+    h200-2026-12-01m/run1) the power-of-two rule came within 0.8% of each case's best in total, the
+    four-wave rule 11% (e.g. 8 x 1024 tokens of Llama-3-8B: 13.0 us against 17.0 with 9 splits), and it
+    made single-stream Llama-2-7B 0.9% faster (278.2 -> 280.7 tok/s, ABBA order in one call). But in the
+    offline workload, whose batches mix contexts of very different lengths (a split's length follows its
+    sequence's, so the longest sequence's pieces set the time), Llama-3-8B's steps of 1-32 sequences ran
+    3-5% slower with it (4.65 -> 4.79 ms, 5.11 -> 5.38 ms): batches keep the four-wave rule
+    (bench/results/h200-2026-12-01n).
     """
     programs = num_seqs * num_kv_heads
     sms = _num_multiprocessors(device)
-    waves = 4 if num_heads == num_kv_heads else 2
     if programs >= 2 * sms:
         return 1
+    if num_seqs > 1:
+        wanted = triton.cdiv(4 * sms, programs)
+        return max(1, min(wanted, triton.cdiv(max_seq_len, BATCH_TOKENS_PER_SPLIT), MAX_SPLITS))
+    waves = 4 if num_heads == num_kv_heads else 2
     wanted = min(waves * sms / programs, max_seq_len / MIN_TOKENS_PER_SPLIT,
                  max(8, max_seq_len / TOKENS_PER_SPLIT_BEYOND_8), MAX_SPLITS)
     if max_seq_len >= 256:
