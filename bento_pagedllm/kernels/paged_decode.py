@@ -11,8 +11,9 @@ occupancy (tuned for an H200: bf16, head_dim 128, block size 16, GQA 4):
   sequences, still fills the GPU's multiprocessors; each split leaves a partial (max, sum, unnormalised
   output), and the last split of a (sequence, KV head) to finish combines them: a per-pair counter,
   incremented atomically by each split that holds keys, tells it that it is last (and it resets the
-  counter to zero for the next launch); it reads the partials a chunk at a time, not one by one. No second kernel: at batch 1 its launch cost as much as the attention (a 1.9 us
-  combine after 4.7 us, Llama-2-7B shape). With a single split the program writes the output directly.
+  counter to zero for the next launch); it reads the partials a chunk at a time, not one by one. No
+  second kernel: at batch 1 its launch cost as much as the attention (a 1.9 us combine after 4.7 us,
+  Llama-2-7B shape). With a single split the program writes the output directly.
 - with `NewKV` the kernel takes q, k, v straight from the projection: it applies the rotary embedding
   itself, stores the new K/V in the cache and folds the new key in from registers (the split holding its
   position does, after its cached tiles), so the step has no rotary kernel and one kernel boundary less
