@@ -19,7 +19,7 @@ def idle_fraction(timeline: list) -> dict:
     span = timeline[0][0].elapsed_time(timeline[-1][1])
     return {"steps": len(timeline), "span_ms": span, "idle_between_steps_ms": sum(gaps),
             "idle_fraction": sum(gaps) / span, "median_step_device_ms": sorted(busy)[len(busy) // 2],
-            "by_step_kind": step_breakdown(timeline, busy)}
+            "by_step_kind": step_breakdown(timeline, busy, [0.0] + gaps)}
 
 
 def _bucket(num_seqs: int) -> str:
@@ -29,16 +29,19 @@ def _bucket(num_seqs: int) -> str:
     return ">512 seqs"
 
 
-def step_breakdown(timeline: list, busy: list[float]) -> list[dict]:
+def step_breakdown(timeline: list, busy: list[float], idle_before: list[float] | None = None) -> list[dict]:
     """Device time by the step's path (decode graph, mixed graph, eager) and batch size: where a run's
-    time goes."""
+    time goes. `idle_before[i]`: the device's wait before step i started (its host was late), summed
+    per group as `idle_before_ms`, so the idle time has an owner too."""
+    idle_before = idle_before or [0.0] * len(busy)
     groups: dict[tuple[str, str], list] = {}
-    for step, ms in zip(timeline, busy):
+    for step, ms, idle in zip(timeline, busy, idle_before):
         path, num_seqs, num_tokens = step[2:5]
-        group = groups.setdefault((path, _bucket(num_seqs)), [0, 0.0, 0])
+        group = groups.setdefault((path, _bucket(num_seqs)), [0, 0.0, 0, 0.0])
         group[0] += 1
         group[1] += ms
         group[2] += num_tokens
+        group[3] += idle
     return [{"path": path, "batch": bucket, "steps": n, "device_ms": round(ms, 1), "tokens": tokens,
-             "ms_per_step": round(ms / n, 3)}
-            for (path, bucket), (n, ms, tokens) in sorted(groups.items(), key=lambda item: -item[1][1])]
+             "ms_per_step": round(ms / n, 3), "idle_before_ms": round(idle, 1)}
+            for (path, bucket), (n, ms, tokens, idle) in sorted(groups.items(), key=lambda item: -item[1][1])]
