@@ -31,7 +31,8 @@ def main() -> None:
     for cache in paged_decode._decode_split_kernel.device_caches.values():
         kernels = cache[0] if isinstance(cache, tuple) else cache
         for key, kernel in kernels.items():
-            kernel._init_handles()
+            if getattr(kernel, "n_regs", None) is None:  # NOTE: set when the binary is loaded (its first launch)
+                kernel._init_handles()
             print(f"registers {kernel.n_regs}, spills {kernel.n_spills}, warps {kernel.metadata.num_warps}: "
                   f"{str(key)[-120:]}")
 

@@ -29,11 +29,10 @@ def _bucket(num_seqs: int) -> str:
     return ">512 seqs"
 
 
-def step_breakdown(timeline: list, busy: list[float], idle_before: list[float] | None = None) -> list[dict]:
+def step_breakdown(timeline: list, busy: list[float], idle_before: list[float]) -> list[dict]:
     """Device time by the step's path (decode graph, mixed graph, eager) and batch size: where a run's
     time goes. `idle_before[i]`: the device's wait before step i started (its host was late), summed
     per group as `idle_before_ms`, so the idle time has an owner too."""
-    idle_before = idle_before or [0.0] * len(busy)
     groups: dict[tuple[str, str], list] = {}
     for step, ms, idle in zip(timeline, busy, idle_before):
         path, num_seqs, num_tokens = step[2:5]
