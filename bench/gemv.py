@@ -2,7 +2,9 @@
 (`F.linear`) and the copy bandwidth, for the matrices of decode steps of 1 to 64 sequences.
 
 Each call is timed inside a CUDA graph (triton.testing.do_bench_cudagraph), so launch gaps do not count;
-bandwidth = the weight's bytes / time. The fused line is each kernel as the model calls it (the norm's
+bandwidth = the weight's bytes / time. NOTE: the graph cycles through copies of W of 256 MB or more in
+all, as a decode step's layers do: a matrix that fits in L2 (50 MB) and is read back to back would be
+read from L2 (o's 34 MB read at 5.4 TB/s so, 2026-12-01). The fused line is each kernel as the model calls it (the norm's
 input already the residual sum; gate/up with the SwiGLU epilogue; o and down adding the residual to their
 output), with programmatic dependent launch off and, on compute capability 9+, on (`_pdl`: the graph's
 back-to-back calls overlap as a decode step's chain of kernels does); the unfused line is cuBLAS plus
@@ -75,25 +77,27 @@ def measure(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, e
     res, g = torch.randn(m, k, device="cuda", dtype=dtype), torch.ones(k, device="cuda", dtype=dtype)
     addend = torch.randn(m, n, device="cuda", dtype=dtype)
     if prologue == "norm":
-        fused = lambda pdl: gemv.add_rms_norm_gemv(x, None, g, eps, w, pdl=pdl)  # noqa: E731
-        unfused = lambda: torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w)  # noqa: E731
+        fused = lambda pdl, w: gemv.add_rms_norm_gemv(x, None, g, eps, w, pdl=pdl)  # noqa: E731
+        unfused = lambda w: torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w)  # noqa: E731
     elif prologue == "swiglu":
-        fused = lambda pdl: gemv.add_rms_norm_gemv(x, None, g, eps, w, swiglu=True, pdl=pdl)  # noqa: E731
-        unfused = lambda: activation.silu_and_mul(  # noqa: E731
+        fused = lambda pdl, w: gemv.add_rms_norm_gemv(x, None, g, eps, w, swiglu=True, pdl=pdl)  # noqa: E731
+        unfused = lambda w: activation.silu_and_mul(  # noqa: E731
             torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w))
     else:
-        fused = lambda pdl: gemv.gemv(x, w, addend, pdl=pdl)  # noqa: E731
-        unfused = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
+        fused = lambda pdl, w: gemv.gemv(x, w, addend, pdl=pdl)  # noqa: E731
+        unfused = lambda w: torch.nn.functional.linear(x, w)  # noqa: E731
     weight_bytes = n * k * w.element_size()
-    row = {"name": name, "n": n, "k": k, "rows": m, "prologue": prologue, "weight_mb": weight_bytes / 1e6}
-    timed = [("cublas_unfused", unfused), ("cublas_matmul_only", lambda: torch.nn.functional.linear(x, w))]
+    copies = [w] + [w.clone() for _ in range(-(-(256 << 20) // weight_bytes) - 1)]
+    row = {"name": name, "n": n, "k": k, "rows": m, "prologue": prologue, "weight_mb": weight_bytes / 1e6,
+           "weight_copies": len(copies)}
+    timed = [("cublas_unfused", unfused), ("cublas_matmul_only", lambda w: torch.nn.functional.linear(x, w))]
     if m <= gemv.MAX_ROWS:
         variants = [False, True] if supports_dependent_launch(w.device) else [False]
         for pdl in reversed(variants):
-            fused(pdl)  # autotune outside the graph
+            fused(pdl, w)  # autotune outside the graph
             timed.insert(0, ("triton_fused" + ("_pdl" if pdl else ""), functools.partial(fused, pdl)))
     for label, fn in timed:
-        us = triton.testing.do_bench_cudagraph(fn, rep=50) * 1e3
+        us = triton.testing.do_bench_cudagraph(lambda: [fn(c) for c in copies], rep=50) * 1e3 / len(copies)
         row[f"{label}_us"] = us
         row[f"{label}_tbs"] = weight_bytes / us / 1e6
     return row

@@ -146,14 +146,17 @@ case $part in
     [ -n "${OFFLINE8B:-}" ] && run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
     ;;
   gemv_ab)
-    # one-row projection variants side by side on one machine: the kernels alone (Llama-2-7B shapes, one
-    # row) from HEAD and from each export named in AB (ab/NAME, first on PYTHONPATH); single stream (7B,
-    # 8B) from each; 7B offline from HEAD
+    # projection variants side by side on one machine: the kernels alone (ROWS rows, default 1; SHAPES,
+    # default Llama-2-7B's) from HEAD and from each export named in AB (ab/NAME, first on PYTHONPATH);
+    # single stream (MODELS, default 7B and 8B) from each, in ABBA order; 7B offline from HEAD (OFFLINE=0:
+    # not); TESTS=1: the GPU projection tests first
+    [ -n "${TESTS:-}" ] && run gpu_gemv_tests 300 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "projection"
     for v in head ${AB:-}; do
-      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run gemv_$v 100 $PY bench/gemv.py --rows 1 --shapes llama2-7b --out "$out/gemv_$v.json"; done
-    for v in head ${AB:-}; do
-      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models ${MODELS:-llama2-7b llama3-8b} --peers none --runs 3 --out "$out/single_stream_$v.json"; done
-    run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run gemv_$v 300 $PY bench/gemv.py --rows ${ROWS:-1} --shapes ${SHAPES:-llama2-7b} --out "$out/gemv_$v.json"; done
+    order="head ${AB:-} $(echo ${AB:-} | tr ' ' '\n' | tac | tr '\n' ' ') head"
+    n=0; for v in $order; do n=$((n + 1))
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_${n}_$v 150 $PY bench/single_stream.py --models ${MODELS:-llama2-7b llama3-8b} --peers none --runs 3 --out "$out/single_stream_${n}_$v.json"; done
+    [ "${OFFLINE:-1}" = 1 ] && run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
     [ -n "${OFFLINE8B:-}" ] && run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
     ;;
   decode_splits)
