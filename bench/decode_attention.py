@@ -8,6 +8,10 @@ launch: there is no kernel ahead to overlap). "auto" is the split count the back
 (`choose_num_splits`, given the context length).
 
     python bench/decode_attention.py --shape llama2-7b --seqs 1 --contexts 128,384,1024,4096 --out out.json
+
+`--ragged 6,16,32` measures instead the batches of the offline workload's tail (bench/data/requests.jsonl,
+every request decoding from step 0): at the first step with at most N sequences left, their contexts (prompt
++ step), so the lengths differ as they do there; each split count up to 32, the cache path.
 """
 
 from __future__ import annotations
@@ -28,27 +32,46 @@ HEAD_DIM, BLOCK_SIZE = 128, 16
 def measure(shape: str, num_seqs: int, context: int, splits: list[int], fused: bool,
             device: torch.device, dtype: torch.dtype = torch.bfloat16) -> list[dict]:
     """One row per split count: microseconds and the K/V read rate for `num_seqs` sequences of `context`."""
+    return measure_lengths(shape, [context] * num_seqs, splits, fused, device, dtype)
+
+
+def tail_lengths(path: str, num_seqs: int) -> list[int]:
+    """The contexts at the first decode step of the workload with at most num_seqs requests left."""
+    with open(path) as f:
+        requests = [json.loads(line) for line in f]
+    step = 0
+    while sum(r["max_tokens"] > step for r in requests) > num_seqs:
+        step += 1
+    return [len(r["prompt_ids"]) + step + 1 for r in requests if r["max_tokens"] > step]
+
+
+def measure_lengths(shape: str, lengths: list[int], splits: list[int], fused: bool,
+                    device: torch.device, dtype: torch.dtype = torch.bfloat16) -> list[dict]:
+    """One row per split count for sequences of the given lengths (the auto rule's count added):
+    microseconds and the K/V read rate."""
     num_kv_heads, group = SHAPES[shape]
     num_heads = num_kv_heads * group
+    num_seqs, context = len(lengths), max(lengths)
     blocks_per_seq = -(-context // BLOCK_SIZE)
     cache_shape = (num_seqs * blocks_per_seq + 1, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
     k_cache = torch.randn(cache_shape, device=device, dtype=dtype)
     v_cache = torch.randn(cache_shape, device=device, dtype=dtype)
     tables = torch.randperm(num_seqs * blocks_per_seq, device=device).view(num_seqs, blocks_per_seq).int()
-    seq_lens = torch.full((num_seqs,), context, device=device, dtype=torch.int32)
+    seq_lens = torch.tensor(lengths, device=device, dtype=torch.int32)
     qkv = torch.randn(num_seqs, (num_heads + 2 * num_kv_heads) * HEAD_DIM, device=device, dtype=dtype)
     q = qkv[:, : num_heads * HEAD_DIM].view(num_seqs, num_heads, HEAD_DIM)
     new_kv = None
     if fused:
         k, v = (qkv[:, (num_heads + i * num_kv_heads) * HEAD_DIM:][:, : num_kv_heads * HEAD_DIM]
                 .view(num_seqs, num_kv_heads, HEAD_DIM) for i in range(2))
+        assert len(set(lengths)) == 1, "the fused path is measured at one length"
         last = tables[:, (context - 1) // BLOCK_SIZE].long() * BLOCK_SIZE + (context - 1) % BLOCK_SIZE
         inv_freq = 1e4 ** -(torch.arange(0, HEAD_DIM, 2, device=device) / HEAD_DIM)
         angles = torch.arange(context, device=device)[:, None] * inv_freq[None, :]  # [context, HEAD_DIM / 2]
         angles = torch.cat((angles, angles), dim=-1)  # the model's table layout (models/llama.py)
         new_kv = NewKV(k, v, last, angles.cos(), angles.sin())
     counters = torch.zeros(num_seqs * num_kv_heads, dtype=torch.int32, device=device)
-    kv_bytes = 2 * num_seqs * context * num_kv_heads * HEAD_DIM * k_cache.element_size()
+    kv_bytes = 2 * sum(lengths) * num_kv_heads * HEAD_DIM * k_cache.element_size()
     auto = choose_num_splits(context, num_seqs, num_heads, num_kv_heads, device)
     rows = []
     for n in sorted(set(splits) | {auto}):
@@ -57,8 +80,9 @@ def measure(shape: str, num_seqs: int, context: int, splits: list[int], fused: b
                                           split_counters=counters, new_kv=new_kv)
         call()  # compile outside the graph
         us = triton.testing.do_bench_cudagraph(call, rep=50) * 1e3
-        rows.append({"shape": shape, "seqs": num_seqs, "context": context, "fused_rotary": fused, "splits": n,
-                     "auto": n == auto, "us": us, "kv_tbs": kv_bytes / us / 1e6})
+        rows.append({"shape": shape, "seqs": num_seqs, "context": context, "mean_context": sum(lengths) / num_seqs,
+                     "fused_rotary": fused, "splits": n, "auto": n == auto,
+                     "us": us, "kv_tbs": kv_bytes / us / 1e6})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -69,11 +93,16 @@ def main() -> None:
     parser.add_argument("--seqs", default="1", help="sequence counts, comma-separated")
     parser.add_argument("--contexts", default="128,256,384,512,1024,2048,4096")
     parser.add_argument("--splits", default="1,2,4,8,16,32,64")
+    parser.add_argument("--ragged", default="", help="tail batch sizes of the offline workload, comma-separated")
+    parser.add_argument("--requests", default="bench/data/requests.jsonl")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     splits = [int(s) for s in args.splits.split(",")]
     rows = []
-    for num_seqs in map(int, args.seqs.split(",")):
+    for num_seqs in map(int, filter(None, args.ragged.split(","))):
+        lengths = tail_lengths(args.requests, num_seqs)
+        rows.extend(measure_lengths(args.shape, lengths, [n for n in splits if n <= 32], False, torch.device("cuda")))
+    for num_seqs in map(int, filter(None, args.seqs.split(","))):
         for context in map(int, args.contexts.split(",")):
             for fused in (True, False):
                 rows.extend(measure(args.shape, num_seqs, context, splits, fused, torch.device("cuda")))

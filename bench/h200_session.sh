@@ -165,7 +165,11 @@ case $part in
     # issue 4: decode attention alone, one to a few sequences, at every split count, fused rotary and not
     # (bench/decode_attention.py): the split count a single short sequence wants, and its cost a layer
     for shape in llama2-7b llama3-8b; do
-      run decode_attention_$shape 150 $PY bench/decode_attention.py --shape $shape --seqs ${SEQS:-1,4} --contexts 128,384,1024,4096 --out "$out/decode_attention_$shape.json"; done
+      [ "${SEQS:-1,4}" != none ] && run decode_attention_$shape 150 $PY bench/decode_attention.py --shape $shape --seqs ${SEQS:-1,4} --contexts 128,384,1024,4096 --out "$out/decode_attention_$shape.json"; done
+    # issue 5 (RAGGED=6,16,32,...): the offline workload's tail batches, whose contexts differ, at every split
+    # count up to 32
+    [ -n "${RAGGED:-}" ] && for shape in llama2-7b llama3-8b; do
+      run decode_ragged_$shape 150 $PY bench/decode_attention.py --shape $shape --seqs "" --ragged $RAGGED --out "$out/decode_ragged_$shape.json"; done
     ;;
   rows16_final)
     # issue 5: 7B offline on a fresh machine (which Triton kernels compile inside the clock), then warm;

@@ -171,9 +171,10 @@ def test_dependent_launch_is_taken_only_where_the_gpu_has_it():
 
 
 def test_the_decode_split_count_stays_within_its_limits():
-    """choose_num_splits: one split once the programs fill two waves; one sequence gets a power of two,
-    at least two from 256 tokens on, no more than the context has ~96-token pieces; a batch gets no more
-    than it has 64-token pieces (132 multiprocessors on the CPU, an H200's count)."""
+    """choose_num_splits: one sequence gets a power of two, one split once its programs fill two waves, at
+    least two from 256 tokens on, no more than the context has ~96-token pieces; a batch gets one split from
+    16 (sequence, KV head) pairs a multiprocessor, 2 from 8, 4 from 1, no more than it has 64-token pieces
+    (132 multiprocessors on the CPU, an H200's count)."""
     from bento_pagedllm.kernels.paged_decode import MAX_SPLITS, choose_num_splits
 
     cpu = torch.device("cpu")
@@ -181,13 +182,15 @@ def test_the_decode_split_count_stays_within_its_limits():
         for seqs in (1, 2, 5, 8, 16, 33, 64, 300):
             for context in (1, 64, 200, 256, 384, 1024, 4096, 32768):
                 splits = choose_num_splits(context, seqs, heads, kv_heads, cpu)
+                pairs = seqs * kv_heads
                 assert 1 <= splits <= MAX_SPLITS
-                if seqs * kv_heads >= 2 * 132:
-                    assert splits == 1
-                elif seqs == 1:
+                if seqs == 1:
                     assert splits & (splits - 1) == 0 and (context < 256 or splits >= 2)
                     assert splits == 1 or splits * 96 <= max(context, 192)
                 else:
                     assert splits * 64 < context + 64
-    # the measured cases of the docstring (Llama-3-8B shape): one sequence of 4096 -> 16; 8 x 1024 -> 9
+                    if pairs >= 16 * 132:
+                        assert splits == 1
+                    elif pairs >= 132:
+                        assert splits == min(2 if pairs >= 8 * 132 else 4, -(-context // 64))
     assert choose_num_splits(4096, 1, 32, 8, cpu) == 16 and choose_num_splits(1024, 8, 32, 8, cpu) == 9

@@ -61,26 +61,30 @@ def choose_num_splits(max_seq_len: int, num_seqs: int, num_heads: int, num_kv_he
 
     One sequence: a power of two, enough for about two waves of programs (four when each KV head serves
     one query head: its programs are shorter, and more of them hide the memory latency), within the
-    length limits above, and at least two from 256 tokens on. A batch: one split when seqs x KV heads
-    already fill two waves, else enough for about four waves, of any count.
+    length limits above, and at least two from 256 tokens on. A batch, by its (sequence, KV head) pairs:
+    fewer pairs than multiprocessors, enough splits for about four waves of programs (as many as its
+    64-token pieces allow); then 4 splits, 2 from 8 pairs a multiprocessor, 1 from 16.
 
     NOTE: measured on an H200 (bf16). Alone (bench/decode_attention.py, Llama-2-7B and Llama-3-8B
     shapes, 1 to 16 sequences of equal length, 128 to 4096 tokens, every split count; results
-    h200-2026-12-01m/run1) the power-of-two rule came within 0.8% of each case's best in total, the
-    four-wave rule 11% (e.g. 8 x 1024 tokens of Llama-3-8B: 13.0 us against 17.0 with 9 splits), and it
-    made single-stream Llama-2-7B 0.9% faster (278.2 -> 280.7 tok/s, ABBA order in one call). But in the
-    offline workload, whose batches mix contexts of very different lengths (a split's length follows its
-    sequence's, so the longest sequence's pieces set the time), Llama-3-8B's steps of 1-32 sequences ran
-    3-5% slower with it (4.65 -> 4.79 ms, 5.11 -> 5.38 ms): batches keep the four-wave rule
-    (bench/results/h200-2026-12-01n).
+    h200-2026-12-01m/run1) the power-of-two rule came within 0.8% of each case's best for one sequence
+    and made single-stream Llama-2-7B 0.9% faster (278.2 -> 280.7 tok/s, ABBA order in one call). Batches
+    are measured where they matter, on the offline workload's tail (`--ragged`: 6 to 128 sequences of
+    very different lengths, 240 to 1,920 tokens; h200-2026-12-01o/run2): a split's length follows its
+    sequence's, so the longest sequence's pieces set the time, and the rule that sized batches for four
+    waves like one sequence gave one split from two waves up, 10-25% slower there (e.g. Llama-3-8B, 63
+    sequences: 61.7 us against 48.7 with 4 splits; Llama-2-7B, 16: 75.2 against 64.8). Fewer pairs than
+    multiprocessors keep the four-wave count (Llama-3-8B, 6 sequences: 13.5 us, 8 splits 13.6).
     """
     programs = num_seqs * num_kv_heads
     sms = _num_multiprocessors(device)
+    if num_seqs > 1:
+        if programs >= 16 * sms:
+            return 1
+        wanted = 2 if programs >= 8 * sms else 4 if programs >= sms else triton.cdiv(4 * sms, programs)
+        return max(1, min(wanted, triton.cdiv(max_seq_len, BATCH_TOKENS_PER_SPLIT), MAX_SPLITS))
     if programs >= 2 * sms:
         return 1
-    if num_seqs > 1:
-        wanted = triton.cdiv(4 * sms, programs)
-        return max(1, min(wanted, triton.cdiv(max_seq_len, BATCH_TOKENS_PER_SPLIT), MAX_SPLITS))
     waves = 4 if num_heads == num_kv_heads else 2
     wanted = min(waves * sms / programs, max_seq_len / MIN_TOKENS_PER_SPLIT,
                  max(8, max_seq_len / TOKENS_PER_SPLIT_BEYOND_8), MAX_SPLITS)
