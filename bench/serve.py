@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import gc
 import json
 import logging
 import os
@@ -130,28 +131,74 @@ def run_offline(args, requests) -> dict:
         engine.add_request(str(r["id"]), r["prompt_ids"], SamplingParams(max_tokens=r["max_tokens"],
                                                                           temperature=0.0, ignore_eos=True))
         records[str(r["id"])] = {"ok": False, "start": start, "tokens": [], "prompt_len": len(r["prompt_ids"])}
-    while engine.has_unfinished_requests():
-        outputs = engine.step()
-        now = time.perf_counter()
-        if profiler is not None:
-            profiler.step(engine.last_plan)
-        for out in outputs:
-            record = records[out.request_id]
-            record["tokens"] += [now] * len(out.outputs[0].delta_token_ids)
-            record["ok"] = out.finished
+    host = HostClock()
+    with host:
+        while engine.has_unfinished_requests():
+            iteration_start = time.perf_counter()
+            outputs = engine.step()
+            now = time.perf_counter()
+            if profiler is not None:
+                profiler.step(engine.last_plan)
+            for out in outputs:
+                record = records[out.request_id]
+                record["tokens"] += [now] * len(out.outputs[0].delta_token_ids)
+                record["ok"] = out.finished
+            host.iteration(iteration_start)
     wall = time.perf_counter() - start
     if profiler is not None:
         profiler.stop()
     extra = {"profiled": profiler is not None, "kv_blocks": engine.block_manager.num_blocks, "preemptions": engine.scheduler.num_preemptions_total,
              "async_scheduling": engine.configs.async_scheduling, "fused_gemv_rows": engine.configs.fused_gemv_rows,
              "dependent_launch": engine.configs.dependent_launch,
-             "prefix_hit_tokens": engine.block_manager.prefix_hit_tokens, "triton_compiles_in_run": compiles}
+             "prefix_hit_tokens": engine.block_manager.prefix_hit_tokens, "triton_compiles_in_run": compiles,
+             "host": host.summary()}
     if timeline is not None:
         from timeline import idle_fraction
 
         extra["gpu_timeline"] = idle_fraction(timeline)
     engine.shutdown()  # the tensor-parallel workers, if any
     return report(list(records.values()), wall, extra)
+
+
+class HostClock:
+    """The host's side of the offline loop: how long each iteration (engine.step() and reading its outputs)
+    took, and the garbage collector's passes in it. Beside `gpu_timeline.longest_idle_gaps` (the same
+    step indices: one launch an iteration) it says whether the device waited on a slow iteration, and on
+    what."""
+
+    def __init__(self) -> None:
+        self.iterations_ms: list[float] = []
+        self.gc_count, self.gc_ms, self.gc_longest_ms = [0, 0, 0], [0.0, 0.0, 0.0], 0.0
+        self._gc_start = 0.0
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+            return
+        ms = (time.perf_counter() - self._gc_start) * 1e3
+        generation = info["generation"]
+        self.gc_count[generation] += 1
+        self.gc_ms[generation] += ms
+        self.gc_longest_ms = max(self.gc_longest_ms, ms)
+
+    def __enter__(self) -> "HostClock":
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def iteration(self, started: float) -> None:
+        self.iterations_ms.append((time.perf_counter() - started) * 1e3)
+
+    def summary(self, count: int = 12) -> dict:
+        ms = sorted(self.iterations_ms)
+        longest = sorted(range(len(self.iterations_ms)), key=lambda i: -self.iterations_ms[i])[:count]
+        return {"iterations": len(ms), "median_ms": ms[len(ms) // 2] if ms else None,
+                "p90_ms": ms[int(0.9 * (len(ms) - 1))] if ms else None,
+                "longest": [{"step": i, "ms": round(self.iterations_ms[i], 3)} for i in longest],
+                "gc_collections": self.gc_count, "gc_ms": [round(v, 2) for v in self.gc_ms],
+                "gc_longest_ms": round(self.gc_longest_ms, 3)}
 
 
 class RunProfiler:

@@ -19,7 +19,16 @@ def idle_fraction(timeline: list) -> dict:
     span = timeline[0][0].elapsed_time(timeline[-1][1])
     return {"steps": len(timeline), "span_ms": span, "idle_between_steps_ms": sum(gaps),
             "idle_fraction": sum(gaps) / span, "median_step_device_ms": sorted(busy)[len(busy) // 2],
-            "by_step_kind": step_breakdown(timeline, busy, [0.0] + gaps)}
+            "by_step_kind": step_breakdown(timeline, busy, [0.0] + gaps),
+            "longest_idle_gaps": longest_gaps(timeline, gaps)}
+
+
+def longest_gaps(timeline: list, gaps: list[float], count: int = 12) -> list[dict]:
+    """The longest waits of the device, each with the step that waited (its index, path and size): whether
+    the idle time is a steady share of many steps or a few long stalls (a collection, a slow plan)."""
+    order = sorted(range(len(gaps)), key=lambda i: -gaps[i])[:count]
+    return [{"step": i + 1, "idle_ms": round(gaps[i], 3), "path": timeline[i + 1][2], "seqs": timeline[i + 1][3],
+             "tokens": timeline[i + 1][4]} for i in order]
 
 
 def _bucket(num_seqs: int) -> str:

@@ -38,3 +38,7 @@ def test_idle_time_is_owned_by_the_step_that_waited():
     assert groups["decode_graph", "<=8 seqs"]["steps"] == 2 and groups["decode_graph", "<=8 seqs"]["device_ms"] == 6.0
     assert groups["eager", "<=512 seqs"]["idle_before_ms"] == 0.0
     assert groups["decode_graph", "<=512 seqs"]["idle_before_ms"] == 0.0
+    # the longest waits first, each with the step that waited
+    assert result["longest_idle_gaps"][:2] == [
+        {"step": 2, "idle_ms": 2, "path": "decode_graph", "seqs": 4, "tokens": 4},
+        {"step": 3, "idle_ms": 1, "path": "decode_graph", "seqs": 3, "tokens": 3}]
