@@ -1,0 +1,50 @@
+"""Pure-Python parts of the GPU benchmarks, checked on the CPU: the offline workload's tail batches
+(bench/decode_attention.py --ragged) and the host's clock of the offline loop (bench/serve.py)."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import os
+import sys
+
+BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
+
+
+def _load(name: str):
+    """A bench script by path (bench/ is not a package), leaving sys.path as it was."""
+    saved = list(sys.path)
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path[:] = saved
+    return module
+
+
+def test_the_tail_batch_is_the_first_step_with_at_most_n_requests_left(tmp_path):
+    decode_attention = _load("decode_attention")
+    path = tmp_path / "requests.jsonl"
+    # prompts of 10, 20, 30, 40 tokens generating 1, 5, 5, 9 tokens
+    path.write_text("".join(json.dumps({"prompt_ids": [0] * p, "max_tokens": m}) + "\n"
+                            for p, m in [(10, 1), (20, 5), (30, 5), (40, 9)]))
+    # at step 0 all four decode; from step 1 three are left: contexts = prompt + step + 1 (the new token)
+    assert decode_attention.tail_lengths(str(path), 3) == [22, 32, 42]
+    assert decode_attention.tail_lengths(str(path), 1) == [46]  # from step 5 only the 9-token one
+    assert decode_attention.tail_lengths(str(path), 4) == [11, 21, 31, 41]
+
+
+def test_the_host_clock_orders_its_longest_iterations_and_counts_collections():
+    serve = _load("serve")
+    clock = serve.HostClock()
+    with clock:
+        for ms in (1.0, 5.0, 2.0):
+            clock.iterations_ms.append(ms)
+        gc.collect()
+    gc.collect()  # outside the clock: not counted
+    summary = clock.summary(count=2)
+    assert summary["iterations"] == 3 and summary["median_ms"] == 2.0
+    assert summary["longest"] == [{"step": 1, "ms": 5.0}, {"step": 2, "ms": 2.0}]
+    assert summary["gc_collections"][2] == 1 and summary["gc_longest_ms"] >= 0
