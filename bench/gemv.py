@@ -4,11 +4,13 @@
 Each call is timed inside a CUDA graph (triton.testing.do_bench_cudagraph), so launch gaps do not count;
 bandwidth = the weight's bytes / time. NOTE: the graph cycles through copies of W of 256 MB or more in
 all, as a decode step's layers do: a matrix that fits in L2 (50 MB) and is read back to back would be
-read from L2 (o's 34 MB read at 5.4 TB/s so, 2026-12-01). The fused line is each kernel as the model calls it (the norm's
-input already the residual sum; gate/up with the SwiGLU epilogue; o and down adding the residual to their
-output), with programmatic dependent launch off and, on compute capability 9+, on (`_pdl`: the graph's
-back-to-back calls overlap as a decode step's chain of kernels does); the unfused line is cuBLAS plus
-the separate RMSNorm-with-residual-add or SiLU-and-multiply kernel the model launches otherwise.
+read from L2 (o's 34 MB read at 5.4 TB/s so, 2026-12-01).
+
+The fused line is each kernel as the model calls it (the norm's input already the residual sum; gate/up
+with the SwiGLU epilogue; o and down adding the residual to their output), with programmatic dependent
+launch off and, on compute capability 9+, on (`_pdl`: the graph's back-to-back calls overlap as a decode
+step's chain of kernels does); the unfused line is cuBLAS plus the separate RMSNorm-with-residual-add or
+SiLU-and-multiply kernel the model launches otherwise.
 
     python bench/gemv.py --rows 1,2,4,8,16,32,64 --out bench/results/gemv.json
 

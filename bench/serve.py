@@ -27,6 +27,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling bench modules
 
+from timeline import idle_fraction, longest  # noqa: E402
+
 SUMMARY = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 
 
@@ -153,8 +155,6 @@ def run_offline(args, requests) -> dict:
              "prefix_hit_tokens": engine.block_manager.prefix_hit_tokens, "triton_compiles_in_run": compiles,
              "host": host.summary()}
     if timeline is not None:
-        from timeline import idle_fraction
-
         extra["gpu_timeline"] = idle_fraction(timeline)
     engine.shutdown()  # the tensor-parallel workers, if any
     return report(list(records.values()), wall, extra)
@@ -193,10 +193,10 @@ class HostClock:
 
     def summary(self, count: int = 12) -> dict:
         ms = sorted(self.iterations_ms)
-        longest = sorted(range(len(self.iterations_ms)), key=lambda i: -self.iterations_ms[i])[:count]
         return {"iterations": len(ms), "median_ms": ms[len(ms) // 2] if ms else None,
                 "p90_ms": ms[int(0.9 * (len(ms) - 1))] if ms else None,
-                "longest": [{"step": i, "ms": round(self.iterations_ms[i], 3)} for i in longest],
+                "longest": [{"step": i, "ms": round(self.iterations_ms[i], 3)}
+                            for i in longest(self.iterations_ms, count)],
                 "gc_collections": self.gc_count, "gc_ms": [round(v, 2) for v in self.gc_ms],
                 "gc_longest_ms": round(self.gc_longest_ms, 3)}
 

@@ -17,18 +17,23 @@ def idle_fraction(timeline: list) -> dict:
     gaps = [step[1].elapsed_time(following[0]) for step, following in zip(timeline, timeline[1:])]
     busy = [step[0].elapsed_time(step[1]) for step in timeline]
     span = timeline[0][0].elapsed_time(timeline[-1][1])
+    idle_before = [0.0] + gaps  # [i]: the device's wait before step i started
     return {"steps": len(timeline), "span_ms": span, "idle_between_steps_ms": sum(gaps),
             "idle_fraction": sum(gaps) / span, "median_step_device_ms": sorted(busy)[len(busy) // 2],
-            "by_step_kind": step_breakdown(timeline, busy, [0.0] + gaps),
-            "longest_idle_gaps": longest_gaps(timeline, gaps)}
+            "by_step_kind": step_breakdown(timeline, busy, idle_before),
+            "longest_idle_gaps": longest_gaps(timeline, idle_before)}
 
 
-def longest_gaps(timeline: list, gaps: list[float], count: int = 12) -> list[dict]:
+def longest(values: list[float], count: int) -> list[int]:
+    """The indices of the `count` largest values, largest first."""
+    return sorted(range(len(values)), key=lambda i: -values[i])[:count]
+
+
+def longest_gaps(timeline: list, idle_before: list[float], count: int = 12) -> list[dict]:
     """The longest waits of the device, each with the step that waited (its index, path and size): whether
     the idle time is a steady share of many steps or a few long stalls (a collection, a slow plan)."""
-    order = sorted(range(len(gaps)), key=lambda i: -gaps[i])[:count]
-    return [{"step": i + 1, "idle_ms": round(gaps[i], 3), "path": timeline[i + 1][2], "seqs": timeline[i + 1][3],
-             "tokens": timeline[i + 1][4]} for i in order]
+    return [{"step": i, "idle_ms": round(idle_before[i], 3), "path": timeline[i][2], "seqs": timeline[i][3],
+             "tokens": timeline[i][4]} for i in longest(idle_before, count)]
 
 
 def _bucket(num_seqs: int) -> str:

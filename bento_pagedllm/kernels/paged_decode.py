@@ -71,10 +71,10 @@ def choose_num_splits(max_seq_len: int, num_seqs: int, num_heads: int, num_kv_he
     and made single-stream Llama-2-7B 0.9% faster (278.2 -> 280.7 tok/s, ABBA order in one call). Batches
     are measured where they matter, on the offline workload's tail (`--ragged`: 6 to 128 sequences of
     very different lengths, 240 to 1,920 tokens; h200-2026-12-01o/run2): a split's length follows its
-    sequence's, so the longest sequence's pieces set the time, and the rule that sized batches for four
-    waves like one sequence gave one split from two waves up, 10-25% slower there (e.g. Llama-3-8B, 63
-    sequences: 61.7 us against 48.7 with 4 splits; Llama-2-7B, 16: 75.2 against 64.8). Fewer pairs than
-    multiprocessors keep the four-wave count (Llama-3-8B, 6 sequences: 13.5 us, 8 splits 13.6).
+    sequence's, so the longest sequence's pieces set the time. The earlier batch rule (four waves, one
+    split once the pairs filled two) was 10-25% slower there (e.g. Llama-3-8B, 63 sequences: 61.7 us
+    against 48.7 with 4 splits; Llama-2-7B, 16: 75.2 against 64.8). Fewer pairs than multiprocessors keep
+    the four-wave count (Llama-3-8B, 6 sequences: 13.5 us, 8 splits 13.6).
     """
     programs = num_seqs * num_kv_heads
     sms = _num_multiprocessors(device)
