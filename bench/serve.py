@@ -134,6 +134,16 @@ def run_offline(args, requests) -> dict:
                                                                           temperature=0.0, ignore_eos=True))
         records[str(r["id"])] = {"ok": False, "start": start, "tokens": [], "prompt_len": len(r["prompt_ids"])}
     host = HostClock()
+    for owner, method, label in [(engine, "_read_step", "read"), (engine.runner, "collect", "wait"),
+                                 (engine.scheduler, "schedule", "schedule"), (engine.runner, "prepare", "prepare"),
+                                 (engine.runner, "launch", "launch"), (engine.runner.model, "compute_logits", "logits"),
+                                 (engine.scheduler, "update_computed", "update_computed"),
+                                 (engine.runner, "_pending_inputs", "pending_inputs"),
+                                 (engine, "_output_or_failure", "outputs")]:
+        host.watch(owner, method, label)
+    if engine.runner.graphs is not None:
+        host.watch(engine.runner.graphs, "run", "decode_graph_run")
+        host.watch(engine.runner.graphs.inputs, "upload_tables", "upload_tables")
     with host:
         while engine.has_unfinished_requests():
             iteration_start = time.perf_counter()
@@ -164,12 +174,40 @@ class HostClock:
     """The host's side of the offline loop: how long each iteration (engine.step() and reading its outputs)
     took, and the garbage collector's passes in it. Beside `gpu_timeline.longest_idle_gaps` (the same
     step indices: one launch an iteration) it says whether the device waited on a slow iteration, and on
-    what."""
+    what: `watch` times named methods of the engine's parts (schedule, prepare, launch, the wait for the
+    device, ...) within each iteration, and the longest iterations report those phases and whether the
+    CUDA allocator took or gave back memory in them (`reserved_mb`: a cudaMalloc or a cudaFree, which may
+    synchronise the device)."""
 
     def __init__(self) -> None:
         self.iterations_ms: list[float] = []
+        self.phases: list[dict[str, float]] = []
+        self.reserved_mb: list[float] = []
+        self._current: dict[str, float] = {}
+        self._reserved = self._reserved_mb()
         self.gc_count, self.gc_ms, self.gc_longest_ms = [0, 0, 0], [0.0, 0.0, 0.0], 0.0
         self._gc_start = 0.0
+
+    @staticmethod
+    def _reserved_mb() -> float:
+        import torch
+
+        return torch.cuda.memory_reserved() / 2**20 if torch.cuda.is_initialized() else 0.0
+
+    def watch(self, owner, method: str, label: str | None = None) -> None:
+        """Time `owner.method` (an instance's, wrapped on the instance alone) as phase `label` of the
+        iteration it runs in; nested phases each count their own time, their parent's included."""
+        inner = getattr(owner, method)
+        label = label or method
+
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self._current[label] = self._current.get(label, 0.0) + (time.perf_counter() - started) * 1e3
+
+        setattr(owner, method, timed)
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
@@ -190,13 +228,26 @@ class HostClock:
 
     def iteration(self, started: float) -> None:
         self.iterations_ms.append((time.perf_counter() - started) * 1e3)
+        self.phases.append(self._current)
+        self._current = {}
+        reserved = self._reserved_mb()
+        self.reserved_mb.append(reserved - self._reserved)
+        self._reserved = reserved
+
+    def _iteration(self, i: int) -> dict:
+        entry = {"step": i, "ms": round(self.iterations_ms[i], 3)}
+        if i < len(self.phases) and self.phases[i]:
+            entry["phases_ms"] = {label: round(ms, 3) for label, ms in self.phases[i].items()}
+        return entry
 
     def summary(self, count: int = 12) -> dict:
         ms = sorted(self.iterations_ms)
         return {"iterations": len(ms), "median_ms": ms[len(ms) // 2] if ms else None,
                 "p90_ms": ms[int(0.9 * (len(ms) - 1))] if ms else None,
-                "longest": [{"step": i, "ms": round(self.iterations_ms[i], 3)}
-                            for i in longest(self.iterations_ms, count)],
+                "longest": [self._iteration(i) for i in longest(self.iterations_ms, count)],
+                "median_phases_ms": {label: round(statistics.median(p.get(label, 0.0) for p in self.phases), 3)
+                                     for label in sorted({k for p in self.phases for k in p})},
+                "reserved_changes": [{"step": i, "mb": round(mb, 1)} for i, mb in enumerate(self.reserved_mb) if mb],
                 "gc_collections": self.gc_count, "gc_ms": [round(v, 2) for v in self.gc_ms],
                 "gc_longest_ms": round(self.gc_longest_ms, 3)}
 

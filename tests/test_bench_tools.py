@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench")
 
@@ -48,3 +49,26 @@ def test_the_host_clock_orders_its_longest_iterations_and_counts_collections():
     assert summary["iterations"] == 3 and summary["median_ms"] == 2.0
     assert summary["longest"] == [{"step": 1, "ms": 5.0}, {"step": 2, "ms": 2.0}]
     assert summary["gc_collections"][2] == 1 and summary["gc_longest_ms"] >= 0
+
+
+def test_the_host_clock_times_watched_methods_per_iteration():
+    serve = _load("serve")
+
+    class Part:
+        def work(self, seconds):
+            time.sleep(seconds)
+            return seconds
+
+    part = Part()
+    clock = serve.HostClock()
+    clock.watch(part, "work", "phase")
+    for seconds in (0.001, 0.03, 0.002):
+        started = time.perf_counter()
+        assert part.work(seconds) == seconds  # the wrapper returns what the method returns
+        clock.iteration(started)
+    assert Part.work is not part.work  # wrapped on the instance alone
+    summary = clock.summary(count=1)
+    slowest = summary["longest"][0]
+    assert slowest["step"] == 1 and 30 <= slowest["phases_ms"]["phase"] <= slowest["ms"]
+    assert 2 <= summary["median_phases_ms"]["phase"] < 30
+    assert summary["reserved_changes"] == []  # no CUDA here: nothing reserved
