@@ -144,7 +144,8 @@ class DecodeGraphs:
 
     def run(self, input_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
             block_tables: list[list[int]], pending=None) -> torch.Tensor:
-        """One decode step of n sequences: [n, hidden] (before the final norm) from the padded graph.
+        """One decode step of n sequences: [batch, hidden] (before the final norm), the padded graph's
+        output, whose first n rows are the step's (the LM head takes the padded rows: ModelRunner.logits).
         `pending` (PendingInputs) fills the input ids still on the device."""
         n = len(input_ids)
         self.inputs.copied.synchronize()
@@ -162,7 +163,7 @@ class DecodeGraphs:
         bound = next(b for b in self.context_bounds if b >= max(seq_lens))
         graph, out = self.graphs[batch, bound]
         graph.replay()
-        return out[:n]
+        return out
 
 
 class MixedGraphs:

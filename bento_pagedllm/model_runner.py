@@ -17,6 +17,7 @@ import torch
 
 from .attention import AttentionMetadata
 from .config import EngineConfigs
+from .cuda_graphs import batch_size_ladder
 from .distributed.parallel_state import ParallelConfig
 from .models.llama import LlamaForCausalLM
 from .sampler import HostSamples, SamplingBatch, sample
@@ -64,6 +65,13 @@ def num_kv_blocks(configs: EngineConfigs) -> int:
     return int(blocks)
 
 
+def logit_row_buckets(max_rows: int) -> tuple[int, ...]:
+    """The row counts the LM head runs on (CUDA): the decode graphs' batch ladder (so a graph's padded
+    output needs no further padding) up to `max_rows`, and `max_rows` itself, the most logit rows a step
+    can have (one per sequence)."""
+    return tuple(sorted(set(batch_size_ladder(max_rows)) | {max_rows}))
+
+
 class ModelRunner:
     def __init__(self, configs: EngineConfigs, model: LlamaForCausalLM,
                  parallel: ParallelConfig | None = None) -> None:
@@ -89,9 +97,12 @@ class ModelRunner:
         # set to [] to record every step's (start, end) CUDA events, path ("decode_graph", "mixed_graph" or
         # "eager"), sequences and tokens (bench/timeline.py reads them)
         self.timeline: list | None = None
-        # NOTE: the LM head runs outside the graphs, on each step's logit rows, whose count varies: its
-        # kernels compile and tune now for every row tile they may pick, not inside the first steps to meet them
-        for rows in model.ops.row_counts_to_tune():
+        # NOTE: the LM head runs outside the graphs, on each step's logit rows padded to a bucket (`logits`):
+        # its kernels compile, tune and load now for every row count it may see, not inside the first steps
+        # to meet them
+        self.logit_row_buckets = (logit_row_buckets(configs.scheduler.max_num_seqs)
+                                  if self.device.type == "cuda" else ())
+        for rows in sorted(set(model.ops.row_counts_to_tune()) | set(self.logit_row_buckets)):
             model.compute_logits(torch.zeros(rows, m.hidden_size, dtype=configs.device.dtype, device=self.device))
         self.graphs = None
         if configs.cuda_graph_max_batch:
@@ -184,7 +195,8 @@ class ModelRunner:
         shape = (path, num_seqs, len(host.input_ids))
         if not host.num_sampling_rows:
             return self._launched(plan, None, started, shape)
-        logits = self.model.compute_logits(hidden)  # [num_logit_rows, vocab] on rank 0, None elsewhere
+        # [num_logit_rows, vocab] on rank 0, None elsewhere (the decode graph's hidden holds padding rows too)
+        logits = self.logits(hidden, num_seqs if path == "decode_graph" else hidden.shape[0])
         sampled, rows = None, ()
         if self.parallel.is_driver:
             rows = plan.sampling_rows
@@ -202,6 +214,23 @@ class ModelRunner:
         # NOTE: the row of each sequence is read by rank 0's next `prepare` (workers get it from there)
         self._last_sampled = ({row.seq_id: i for i, row in enumerate(rows)}, token_ids)
         return self._launched(plan, sampled.copy_to_host() if sampled is not None else None, started, shape)
+
+    def logits(self, hidden: torch.Tensor, num_rows: int) -> torch.Tensor | None:
+        """The logits of hidden's first `num_rows` rows: [num_rows, vocab] on rank 0, None elsewhere.
+
+        NOTE: on CUDA the LM head multiplies a bucket of rows (`logit_row_buckets`, all run at start-up),
+        padded with zeros or with a graph's padding rows, never the step's exact count: cuBLAS picks its
+        kernel by row count, and CUDA loads a kernel it has not run yet at its first launch, waiting for the
+        device first. Llama-3-8B's offline run (2026-12-01) lost 15-30 ms of host time at each new count,
+        10-17 ms of it with the GPU idle, a dozen times a run.
+        """
+        buckets = self.logit_row_buckets
+        rows = hidden.shape[0]
+        if buckets and rows not in buckets:
+            bucket = next((b for b in buckets if b >= rows), rows)
+            hidden = torch.cat([hidden, hidden.new_zeros(bucket - rows, hidden.shape[1])])
+        logits = self.model.compute_logits(hidden)
+        return logits if logits is None or logits.shape[0] == num_rows else logits[:num_rows]
 
     def _launched(self, plan: StepPlan | None, samples: HostSamples | None, started, shape) -> "LaunchedStep":
         step = LaunchedStep(plan, samples, started, self._record_event())

@@ -61,16 +61,21 @@ def run_engine(model_dir, dtype, stats: dict | None = None, **engine_kwargs):
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True)
     for i, ids in enumerate(prompts()):
         engine.add_request(f"p{i}", ids, params)
-    final = {}
+    final, logit_rows, compute_logits = {}, [], engine.model.compute_logits
+    if stats is not None:  # the row counts the LM head multiplies (wrapped on this instance alone)
+        engine.model.compute_logits = lambda hidden: logit_rows.append(hidden.shape[0]) or compute_logits(hidden)
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
                 final[out.request_id] = out.outputs[0]
+        if stats is not None and engine.last_plan is not None:
+            stats.setdefault("step_rows", set()).add(len(engine.last_plan.sampling_rows))
     assert engine.scheduler.num_preemptions_total > 0
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     if stats is not None:
         mixed = engine.runner.mixed_graphs
         stats["mixed_replays"] = mixed.replays if mixed is not None else 0
+        stats["logit_rows"], stats["buckets"] = set(logit_rows), engine.runner.logit_row_buckets
     return [final[f"p{i}"] for i in range(len(LENGTHS))]
 
 
@@ -78,6 +83,8 @@ def test_float32_greedy_matches_transformers_exactly(tiny_dir, monkeypatch):
     stats = {}
     ours = run_engine(tiny_dir, "float32", stats)  # decode and mixed steps replay CUDA graphs
     assert stats["mixed_replays"] > 0
+    # the LM head saw only the row counts run at start-up (ModelRunner.logits), steps of other counts padded
+    assert stats["logit_rows"] <= set(stats["buckets"]) and stats["step_rows"] - set(stats["buckets"])
     eager = run_engine(tiny_dir, "float32", enforce_eager=True)
     assert [o.token_ids for o in ours] == [o.token_ids for o in eager]
     decode_graphs_only = run_engine(tiny_dir, "float32", max_mixed_graph_tokens=0)
