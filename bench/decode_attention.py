@@ -11,7 +11,8 @@ launch: there is no kernel ahead to overlap). "auto" is the split count the back
 
 `--ragged 6,16,32` measures instead the batches of the offline workload's tail (bench/data/requests.jsonl,
 every request decoding from step 0): at the first step with at most N sequences left, their contexts (prompt
-+ step), so the lengths differ as they do there; each split count up to 32, the cache path.
++ step), so the lengths differ as they do there; each split count up to 32, the cache path; in the
+workload's order and longest context first (the order the scheduler gives a decode step).
 """
 
 from __future__ import annotations
@@ -101,7 +102,10 @@ def main() -> None:
     rows = []
     for num_seqs in map(int, filter(None, args.ragged.split(","))):
         lengths = tail_lengths(args.requests, num_seqs)
-        rows.extend(measure_lengths(args.shape, lengths, [n for n in splits if n <= 32], False, torch.device("cuda")))
+        # in the workload's order, then as the scheduler lists a decode step (longest context first)
+        for order, ordered in (("workload", lengths), ("longest_first", sorted(lengths, reverse=True))):
+            for row in measure_lengths(args.shape, ordered, [n for n in splits if n <= 32], False, torch.device("cuda")):
+                rows.append({**row, "order": order})
     for num_seqs in map(int, filter(None, args.seqs.split(","))):
         for context in map(int, args.contexts.split(",")):
             for fused in (True, False):

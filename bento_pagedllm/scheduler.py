@@ -158,7 +158,7 @@ class Scheduler:
             scheduled.append((seq, num_new))
             budget -= num_new
 
-        return self._build_plan(scheduled, copies, num_preempted)
+        return self._build_plan(longest_context_first(scheduled), copies, num_preempted)
 
     def _ends_with_pending_token(self, seq: Sequence) -> bool:
         """Its pending token is its last one (max_tokens or the context length reached): nothing to
@@ -258,6 +258,20 @@ class Scheduler:
             self.block_manager.cache_full_blocks(seq)
         for row in plan.sampling_rows:
             self.seqs_by_id[row.seq_id].num_pending += 1
+
+
+def longest_context_first(scheduled: list[tuple[Sequence, int]]) -> list[tuple[Sequence, int]]:
+    """A decode step (one new token each) lists its sequences longest context first; other steps keep
+    the running order.
+
+    Why: the decode attention kernel starts its programs in the batch's order (kernels/paged_decode.py),
+    and ragged contexts (tens to a thousand tokens in one step) then end with the shortest programs, not
+    with a long one started last. NOTE: nothing else depends on a step's row order: sampling rows and
+    pending inputs are found by sequence id.
+    """
+    if not all(num_new == 1 for _, num_new in scheduled):
+        return scheduled
+    return sorted(scheduled, key=lambda entry: -entry[0].num_computed_tokens)  # NOTE: stable: ties keep order
 
 
 def _sampling_row(seq: Sequence, logits_index: int) -> SamplingRow:

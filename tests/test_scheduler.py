@@ -128,3 +128,21 @@ def test_abort_of_waiting_and_running_frees_blocks():
     scheduler.finish_request(waiting, "abort")
     assert bm.num_free_blocks == bm.num_blocks
     assert not scheduler.has_work()
+
+
+def test_a_decode_step_lists_its_sequences_longest_context_first():
+    """The decode attention kernel starts programs in row order (kernels/paged_decode.py): the longest
+    contexts go first; mixed steps keep the running (arrival) order."""
+    scheduler, _ = make_scheduler(budget=64)
+    short, long, middle = (add(scheduler, name, n).seqs[0] for name, n in (("short", 3), ("long", 20), ("middle", 9)))
+    plan = run_step(scheduler)  # the prompts: a mixed step, in arrival order
+    assert [s.seq_id for s in plan.seqs] == [short.seq_id, long.seq_id, middle.seq_id]
+    plan = run_step(scheduler)  # every sequence decodes: longest context first
+    assert [s.seq_id for s in plan.seqs] == [long.seq_id, middle.seq_id, short.seq_id]
+    assert [s.start_pos for s in plan.seqs] == [20, 9, 3]
+    # the sampling rows follow the plan's rows, each pointing at its own sequence's logits row
+    assert [(r.seq_id, r.logits_index) for r in plan.sampling_rows] == [
+        (long.seq_id, 0), (middle.seq_id, 1), (short.seq_id, 2)]
+    add(scheduler, "late", 5)
+    plan = run_step(scheduler)  # a prompt joins the decodes: the running order again
+    assert [s.seq_id for s in plan.seqs][:3] == [short.seq_id, long.seq_id, middle.seq_id]

@@ -14,6 +14,13 @@ occupancy (tuned for an H200: bf16, head_dim 128, block size 16, GQA 4):
   counter to zero for the next launch); it reads the partials a chunk at a time, not one by one. No
   second kernel: at batch 1 its launch cost as much as the attention (a 1.9 us combine after 4.7 us,
   Llama-2-7B shape). With a single split the program writes the output directly.
+- programs start in sequence order, each sequence's KV heads and splits together: a batch listed longest
+  context first (the scheduler lists decode steps so) starts its longest programs first and ends on its
+  shortest, instead of on a long one started late. Measured on an H200 (bench/decode_attention.py
+  --ragged 478: the offline workload's 478 sequences of 33 to 1,054 tokens, Llama-3-8B, one split): 138.3
+  us a layer with the sequence as the fastest grid axis (as before 2026-12-01), 128.5 with this grid,
+  122.2 with this grid and the longest first (3.3 -> 3.7 TB/s); offline, Llama-2-7B +1.9% and Llama-3-8B
+  +2.3% (bench/results/h200-2026-12-01p/run5_grid_order).
 - with `NewKV` the kernel takes q, k, v straight from the projection: it applies the rotary embedding
   itself, stores the new K/V in the cache and folds the new key in from registers (the split holding its
   position does, after its cached tiles), so the step has no rotary kernel and one kernel boundary less
@@ -134,9 +141,11 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr, SINGLE_SPLIT: tl.constexpr, ROTARY: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr, EARLY_TILE: tl.constexpr, COMBINE_ROWS: tl.constexpr, COMBINE_SPLITS: tl.constexpr,
 ):
-    seq = tl.program_id(0)
+    # NOTE: the grid is (split, KV head, sequence), the split fastest: the GPU starts programs in about
+    # that order, so each sequence's programs start together, the first sequences' first (module docstring)
+    split = tl.program_id(0)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
+    seq = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     new_pos = seq_len - 1  # NOTE: the new token is the context's last (decode: one new token)
     # NOTE: each sequence is cut into num_splits pieces of whole tiles; the last pieces may be empty
@@ -363,7 +372,7 @@ def paged_decode_attention(
         k_new, v_new, slots, cos, sin = new_kv.k, new_kv.v, new_kv.slot_mapping, new_kv.cos, new_kv.sin
         assert k_new.stride(-1) == 1 and v_new.stride(-1) == 1 and cos.stride() == sin.stride()
         assert cos.stride(-1) == 1 and cos.shape[-1] == head_dim
-    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+    _decode_split_kernel[(num_splits, num_kv_heads, num_seqs)](
         q, k_cache, v_cache, block_tables, seq_lens,
         out, part_out, part_max, part_sum, counters,
         k_new, v_new, slots, cos, sin,
