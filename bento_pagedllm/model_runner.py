@@ -218,10 +218,10 @@ class ModelRunner:
     def logits(self, hidden: torch.Tensor, num_rows: int) -> torch.Tensor | None:
         """The logits of hidden's first `num_rows` rows: [num_rows, vocab] on rank 0, None elsewhere.
 
-        NOTE: on CUDA the LM head multiplies a bucket of rows (`logit_row_buckets`, all run at start-up),
-        padded with zeros or with a graph's padding rows, never the step's exact count: cuBLAS picks its
-        kernel by row count, and CUDA loads a kernel it has not run yet at its first launch, waiting for the
-        device first. Llama-3-8B's offline run (2026-12-01) lost 15-30 ms of host time at each new count,
+        NOTE: on CUDA the LM head multiplies only the row counts of `logit_row_buckets` (all run at
+        start-up), the step's rows padded up to one with zeros or with a graph's padding rows: cuBLAS picks
+        its kernel by row count, and CUDA loads a kernel it has not run yet at its first launch, waiting
+        for the device first. Llama-3-8B's offline run (2026-12-01) lost 15-30 ms of host time at each new count,
         10-17 ms of it with the GPU idle, a dozen times a run.
         """
         buckets = self.logit_row_buckets
