@@ -263,15 +263,6 @@ case $part in
       PYTHONPATH=$P run serve_offline_llama3-8b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_${n}_$v.json"
       [ -n "${OFFLINE7B:-}" ] && PYTHONPATH=$P run serve_offline_llama2-7b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_${n}_$v.json"; done
     ;;
-  prefill_profile)
-    # issues 4 and 5: SmolLM2 single stream (host-bound: the thirteenth session's 1,056 tok/s against 1,840
-    # before), then Llama-3-8B offline timed and then profiled in windows of its first 16,384-token prefill
-    # steps (364-385 ms each) and of the later ones (308 ms), whose kernels should be the same
-    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
-    run single_stream 100 $PY bench/single_stream.py --models smollm2-135m llama2-7b --peers none --runs 3 --out "$out/single_stream.json"
-    run serve_offline_llama3-8b 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b.json"
-    run profile_prefill 120 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --profile "$out/profile_prefill.txt" --profile-window 1:2 --profile-window 3:3 --out "$out/profiled.json"
-    ;;
   session_figures)
     # issues 4 and 5, one call: single stream (three shapes), Llama-2-7B offline twice and Llama-3-8B offline
     # (vLLM's batch settings) twice, then the continuous-batching peer on the same 500 requests, stopped at
