@@ -198,3 +198,25 @@ def test_packed_step_inputs_start_on_16_byte_boundaries():
             for name, values in lists.items():
                 assert (packed[name].data_ptr() - base) % 16 == 0
                 assert packed[name].dtype == dtype and packed[name].tolist() == values
+
+
+def test_padded_lm_head_rows_change_no_output(tiny_llama3_dir):
+    """ModelRunner.logits on CUDA pads a step's logit rows up to a bucket (the LM head then meets only row
+    counts run at start-up) and keeps the step's own rows: here the same padding forced on the CPU gives the
+    same tokens and log-probabilities, and the LM head sees only bucket counts."""
+    llm = LLM(tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=128, max_model_len=1024)
+    prompts = [list(range(10, 10 + n)) for n in (5, 9, 14)]  # three rows: not a bucket below
+    params = SamplingParams(max_tokens=6, logprobs=1, **GREEDY)
+    plain = llm.generate(prompts, params)
+    runner = llm.engine.runner
+    runner.logit_row_buckets = (1, 2, 4, 8)
+    rows, compute_logits = [], runner.model.compute_logits
+    runner.model.compute_logits = lambda hidden: rows.append(hidden.shape[0]) or compute_logits(hidden)
+    padded = llm.generate(prompts, params)
+    assert set(rows) <= {1, 2, 4, 8} and 4 in rows
+    for a, b in zip(plain, padded):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert len(b.outputs[0].logprobs) == 6
+        for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            assert x.token_id == y.token_id and abs(x.logprob - y.logprob) < 1e-5
+            assert [t for t, _ in x.top] == [t for t, _ in y.top]
