@@ -263,6 +263,14 @@ case $part in
       PYTHONPATH=$P run serve_offline_llama3-8b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_${n}_$v.json"
       [ -n "${OFFLINE7B:-}" ] && PYTHONPATH=$P run serve_offline_llama2-7b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_${n}_$v.json"; done
     ;;
+  single_ab)
+    # issue 4 in one call: the GPU engine and small-kernel tests (TESTS=1), then single stream (MODELS, default
+    # the three shapes) from HEAD and from each export in AB (ab/NAME first on PYTHONPATH), in ABBA order
+    [ -n "${TESTS:-}" ] && run gpu_tests 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_engine_gpu.py tests/gpu/test_kernels_gpu.py -k "engine or bfloat16 or float32 or argmax or pending or projections"
+    order="head ${AB:-} $(echo ${AB:-} | tr ' ' '\n' | tac | tr '\n' ' ') head"
+    n=0; for v in $order; do n=$((n + 1)); P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
+      PYTHONPATH=$P run single_stream_${n}_$v 120 $PY bench/single_stream.py --models ${MODELS:-llama2-7b smollm2-135m llama3-8b} --peers none --runs 3 --out "$out/single_stream_${n}_$v.json"; done
+    ;;
   session_figures)
     # issues 4 and 5, one call: single stream (three shapes), Llama-2-7B offline twice and Llama-3-8B offline
     # (vLLM's batch settings) twice, then the continuous-batching peer on the same 500 requests, stopped at

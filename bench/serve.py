@@ -143,7 +143,7 @@ def run_offline(args, requests) -> dict:
         host.watch(owner, method, label)
     if engine.runner.graphs is not None:
         host.watch(engine.runner.graphs, "run", "decode_graph_run")
-        host.watch(engine.runner.graphs.inputs, "upload_tables", "upload_tables")
+        host.watch(engine.runner.graphs.inputs, "upload", "upload")
     with host:
         while engine.has_unfinished_requests():
             iteration_start = time.perf_counter()

@@ -112,6 +112,7 @@ def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | No
             llm.generate([prompt], SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True))
         with open(profile_path, "w") as f:
             f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=40))
+        prof.export_chrome_trace(profile_path.replace(".txt", ".trace.json"))  # the steps' timeline, gaps included
     llm.engine.shutdown()  # the tensor-parallel workers, if any
     del llm, graphs, mixed  # NOTE: every reference: the graphs hold the runner (and its KV cache)
     gc.collect()  # NOTE: the engine holds cycles (scheduler callbacks); free its KV cache before the next model

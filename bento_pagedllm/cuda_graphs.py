@@ -24,12 +24,15 @@ Mixed graphs (MixedGraphs) pad the same way, and their attention is the varlen p
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
 
 import torch
 
 from .attention import AttentionMetadata
+from .transfer import ALIGNMENT_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -52,44 +55,70 @@ def mixed_token_ladder(max_tokens: int) -> list[int]:
     return list(range(32, max_tokens + 1, 32))
 
 
-def _capture(model, args, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def _capture(step, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """`step()`: the work the graph replays, returning its output."""
     for _ in range(2):  # warm-up: compiles the kernels, settles the allocator
-        model(*args)
+        step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
-        out = model(*args)
+        out = step()
     return graph, out
 
 
 class _StaticInputs:
-    """Device buffers the graphs read, with pinned host twins, so each step's inputs go up asynchronously.
+    """Device buffers the graphs read, as sections of one byte buffer with a pinned host twin, so a step's
+    inputs go up in one asynchronous copy.
 
-    NOTE: the host twins are rewritten only after the device has read them for the previous step.
+    Why one copy: each copy is an operation on the step's stream, and a step had five (plus one for the
+    pending ids). Measured on an H200 (BENCHMARKS.md, fourteenth session): offline +0.2-0.4%, single
+    stream unchanged within 0.3% (the copy engine's hand-overs, ~7 us each under the profiler, remain).
+    NOTE: the host twin mirrors the device buffer (each upload copies a prefix of the whole twin, so
+    sections are written in full, or as rows of the last one, `block_tables`); it is rewritten only after
+    the device has read it for the step before (`copied`).
     """
 
     def __init__(self, device: torch.device, **shapes: tuple[tuple[int, ...], int, torch.dtype]) -> None:
+        layout, size = {}, 0
         for name, (shape, fill, dtype) in shapes.items():
-            setattr(self, name, torch.full(shape, fill, dtype=dtype, device=device))
-        self.host = {name: torch.zeros_like(getattr(self, name), device="cpu").pin_memory() for name in shapes}
+            size = -(-size // ALIGNMENT_BYTES) * ALIGNMENT_BYTES
+            layout[name] = (size, shape, dtype)
+            size += math.prod(shape) * dtype.itemsize
+        assert list(layout)[-1] == "block_tables", "uploads copy whole rows of the last section"
+        self.device_bytes = torch.zeros(size, dtype=torch.uint8, device=device)
+        self.host_bytes = torch.zeros(size, dtype=torch.uint8).pin_memory()
+        self.host = {}  # name -> numpy view of the pinned twin
+        for name, (offset, shape, dtype) in layout.items():
+            end = offset + math.prod(shape) * dtype.itemsize
+            setattr(self, name, self.device_bytes[offset:end].view(dtype).view(shape))
+            self.host[name] = self.host_bytes[offset:end].view(dtype).view(shape).numpy()
+            self.host[name][...] = shapes[name][1]
+        self.tables_offset, self.table_row_bytes = layout["block_tables"][0], self.block_tables[0].nbytes
+        self.device_bytes.copy_(self.host_bytes)
         self.copied = torch.cuda.Event()
+        self.copied.record()
 
-    def upload(self, name: str, values: list[int]) -> None:
-        """buffer[:len(values)] = values, through the pinned twin."""
-        n = len(values)
-        self.host[name][:n].copy_(torch.tensor(values, dtype=self.host[name].dtype))
-        getattr(self, name)[:n].copy_(self.host[name][:n], non_blocking=True)
-
-    def upload_tables(self, tables: list[list[int]]) -> None:
-        n, width = len(tables), len(tables[0])
-        self.host["block_tables"][:n, :width].copy_(torch.tensor(tables, dtype=torch.int32))
-        self.block_tables[:n, :width].copy_(self.host["block_tables"][:n, :width], non_blocking=True)
+    def upload(self, block_tables: list[list[int]], **values: list[int]) -> None:
+        """section[:len(values)] = values for each named section, block_tables[:n, :width] = the table
+        rows, then one copy of the twin's prefix through the last table row."""
+        self.copied.synchronize()
+        for name, section in values.items():
+            self.host[name][: len(section)] = section
+        n = len(block_tables)
+        self.host["block_tables"][:n, : len(block_tables[0])] = block_tables
+        end = self.tables_offset + n * self.table_row_bytes
+        self.device_bytes[:end].copy_(self.host_bytes[:end], non_blocking=True)
+        self.copied.record()
 
 
 class DecodeGraphs:
+    """`sampled`: the runner's buffer of the previous step's token ids ([rows] int64, written in place by
+    every step's sampling): a graph takes its pending inputs from it (`fill_pending_ids`, its first kernel)."""
+
     def __init__(self, model, kv_caches, *, max_batch: int, max_model_len: int, block_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, sampled: torch.Tensor) -> None:
         self.model = model
+        self.sampled = sampled
         self.kv_caches = kv_caches
         self.max_model_len = max_model_len
         self.sizes = batch_size_ladder(max_batch)
@@ -98,8 +127,8 @@ class DecodeGraphs:
 
         self.inputs = _StaticInputs(
             device, input_ids=((top,), 0, torch.int64), positions=((top,), 0, torch.int64),
-            slot_mapping=((top,), -1, torch.int64), seq_lens=((top,), 1, torch.int32),
-            block_tables=((top, max_blocks), 0, torch.int32),
+            slot_mapping=((top,), -1, torch.int64), pending_src=((top,), -1, torch.int64),
+            seq_lens=((top,), 1, torch.int32), block_tables=((top, max_blocks), 0, torch.int32),
         )
         self.query_start_loc = torch.arange(top + 1, dtype=torch.int32, device=device)
         self.rows = torch.arange(top, dtype=torch.int64, device=device)
@@ -128,9 +157,7 @@ class DecodeGraphs:
         # largest first: the smaller graphs reuse its memory pool
         for batch in reversed(self.sizes):
             for bound in reversed(self.context_bounds):
-                meta = self._metadata(batch, bound)
-                args = (self.inputs.input_ids[:batch], self.inputs.positions[:batch], self.kv_caches, meta)
-                graph, out = _capture(self.model, args, pool)
+                graph, out = _capture(functools.partial(self._step, batch, bound), pool)
                 pool = graph.pool()
                 self.graphs[batch, bound] = (graph, out)
         self.pool = pool  # NOTE: the mixed graphs are captured into it too
@@ -139,27 +166,29 @@ class DecodeGraphs:
         logger.info("captured %d decode graphs (batch 1..%d, contexts up to %s) in %.1f s", len(self.graphs),
                     self.sizes[-1], self.context_bounds, self.capture_seconds)
 
+    def _step(self, batch: int, bound: int) -> torch.Tensor:
+        """What a graph replays: the pending input ids filled in, then the model."""
+        from .kernels.tokens import fill_pending_ids
+
+        fill_pending_ids(self.inputs.input_ids[:batch], self.inputs.pending_src[:batch], self.sampled)
+        return self.model(self.inputs.input_ids[:batch], self.inputs.positions[:batch], self.kv_caches,
+                          self._metadata(batch, bound))
+
     def fits(self, num_seqs: int) -> bool:
         return num_seqs <= self.sizes[-1]
 
     def run(self, input_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
-            block_tables: list[list[int]], pending=None) -> torch.Tensor:
+            block_tables: list[list[int]], pending_src: list[int]) -> torch.Tensor:
         """One decode step of n sequences: [batch, hidden] (before the final norm), the padded graph's
         output, whose first n rows are the step's (the LM head takes the padded rows: ModelRunner.logits).
-        `pending` (PendingInputs) fills the input ids still on the device."""
+        `pending_src[i]`: the row of `sampled` that is sequence i's input id, or -1 (the id is given)."""
         n = len(input_ids)
-        self.inputs.copied.synchronize()
         batch = next(size for size in self.sizes if size >= n)
-        pad = batch - n
+        pad = [0] * (batch - n)
         # NOTE: padding rows write nowhere (slot -1) and attend to one token at position 0
-        self.inputs.upload("input_ids", input_ids + [0] * pad)
-        self.inputs.upload("positions", positions + [0] * pad)
-        self.inputs.upload("slot_mapping", slot_mapping + [-1] * pad)
-        self.inputs.upload("seq_lens", seq_lens + [1] * pad)
-        self.inputs.upload_tables(block_tables)
-        self.inputs.copied.record()
-        if pending is not None:
-            pending.apply(self.inputs.input_ids)
+        self.inputs.upload(block_tables, input_ids=input_ids + pad, positions=positions + pad,
+                           slot_mapping=slot_mapping + [-1] * len(pad), pending_src=pending_src + [-1] * len(pad),
+                           seq_lens=seq_lens + [1] * len(pad))
         bound = next(b for b in self.context_bounds if b >= max(seq_lens))
         graph, out = self.graphs[batch, bound]
         graph.replay()
@@ -215,7 +244,7 @@ class MixedGraphs:
             self._fill([0] * tokens, [0] * tokens, [-1] * tokens, [tokens], [tokens], [[0]])
             args = (self.inputs.input_ids[:tokens], self.inputs.positions[:tokens], self.kv_caches,
                     self.metadata(tokens))
-            graph, out = _capture(self.model, args, self.pool)
+            graph, out = _capture(functools.partial(self.model, *args), self.pool)
             self.pool = graph.pool()
             self.graphs[tokens] = (graph, out)
         torch.cuda.synchronize()
@@ -229,7 +258,6 @@ class MixedGraphs:
     def run(self, input_ids: list[int], positions: list[int], slot_mapping: list[int], query_lens: list[int],
             seq_lens: list[int], block_tables: list[list[int]], pending=None) -> torch.Tensor:
         """One mixed step: [num_tokens, hidden] (before the final norm) from the padded graph."""
-        self.inputs.copied.synchronize()
         tokens = next(size for size in self.sizes if size >= len(input_ids))
         self._fill(input_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, pad_to=tokens)
         if pending is not None:
@@ -242,11 +270,8 @@ class MixedGraphs:
     def _fill(self, input_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, pad_to=None) -> None:
         padded = pad_mixed_step(input_ids, positions, slot_mapping, query_lens, seq_lens,
                                 num_tokens=pad_to or len(input_ids), num_slots=self.slots)
-        for name, values in padded.items():
-            self.inputs.upload(name, values)
         # NOTE: the padding sequence's table row keeps whatever block ids it held: valid ones, only read
-        self.inputs.upload_tables(block_tables)
-        self.inputs.copied.record()
+        self.inputs.upload(block_tables, **padded)
 
 
 def pad_mixed_step(input_ids: list[int], positions: list[int], slot_mapping: list[int], query_lens: list[int],

@@ -94,6 +94,9 @@ class ModelRunner:
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
         self.eos_token_ids: tuple[int, ...] = tuple(configs.model.eos_token_id)  # the engine may add more
         self._last_sampled: tuple[dict[int, int], torch.Tensor] | None = None  # (seq_id -> row, token ids)
+        # NOTE: every step's sampled ids land here (rows <= max_num_seqs: a request's n choices hold n
+        # seats), so the decode graphs, which hold its address, read their pending inputs from it
+        self.sampled_tokens = torch.zeros(configs.scheduler.max_num_seqs, dtype=torch.int64, device=self.device)
         # set to [] to record every step's (start, end) CUDA events, path ("decode_graph", "mixed_graph" or
         # "eager"), sequences and tokens (bench/timeline.py reads them)
         self.timeline: list | None = None
@@ -115,6 +118,7 @@ class ModelRunner:
             self.graphs = DecodeGraphs(
                 model, self.kv_caches, max_batch=configs.cuda_graph_max_batch,
                 max_model_len=configs.scheduler.max_model_len, block_size=self.block_size, device=self.device,
+                sampled=self.sampled_tokens,
             )
             self.graphs.capture()
         self.mixed_graphs = None
@@ -170,23 +174,28 @@ class ModelRunner:
         on the device, never through the host.
         """
         host = host if host is not None else self.prepare(plan)
-        pending = self._pending_inputs(host)
         started = self._record_event()
         num_seqs = len(host.query_lens)
         for src, dst in host.block_copies:
             self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
         path = "eager"
         if self.graphs is not None and host.all_decode and self.graphs.fits(num_seqs):
-            # NOTE: every decode computes logits, in plan order: the graph's rows are the logit rows
+            # NOTE: every decode computes logits, in plan order: the graph's rows are the logit rows; a
+            # decode step's input i is sequence i's, so pending positions are rows
             path = "decode_graph"
+            pending_src = [-1] * num_seqs
+            for position, row in zip(host.pending_positions, host.pending_rows):
+                pending_src[position] = row
             hidden = self.graphs.run(host.input_ids, host.positions, host.slots, host.seq_lens, host.tables,
-                                     pending)
+                                     pending_src)
         elif self.mixed_graphs is not None and self.mixed_graphs.fits(len(host.input_ids), num_seqs):
+            pending = self._pending_inputs(host)
             path = "mixed_graph"
             hidden = self.mixed_graphs.run(host.input_ids, host.positions, host.slots, host.query_lens,
                                            host.seq_lens, host.tables, pending)
             hidden = hidden[to_device(torch.tensor(host.logits_indices, dtype=torch.int64), self.device)]
         else:
+            pending = self._pending_inputs(host)
             input_ids, positions, meta, logits_indices = self._device_inputs(host)
             if pending is not None:
                 pending.apply(input_ids)
@@ -198,15 +207,13 @@ class ModelRunner:
         # [num_logit_rows, vocab] on rank 0, None elsewhere (the decode graph's hidden holds padding rows too)
         logits = self.logits(hidden, num_seqs if path == "decode_graph" else hidden.shape[0])
         sampled, rows = None, ()
+        token_ids = self.sampled_tokens[: host.num_sampling_rows]  # [rows] int64
         if self.parallel.is_driver:
             rows = plan.sampling_rows
             if len(rows) != logits.shape[0]:  # forked choices share their prompt's logits row
                 logits = logits[to_device(torch.tensor([r.logits_index for r in rows]), self.device)]
             batch = SamplingBatch.from_rows(rows, self.configs.model.vocab_size, self.device, self.eos_token_ids)
-            sampled = sample(logits, batch)
-            token_ids = sampled.token_ids  # [rows] int64
-        else:
-            token_ids = torch.empty(host.num_sampling_rows, dtype=torch.int64, device=self.device)
+            sampled = sample(logits, batch, out=token_ids)
         if self.configs.async_scheduling:
             # NOTE: the next plan's PENDING inputs are these tokens, which only rank 0 sampled: every
             # rank gets them now, device to device (a no-op at tp 1)

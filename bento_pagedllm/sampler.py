@@ -78,6 +78,11 @@ class SamplingBatch:
     seeds: torch.Tensor | None = None  # [rows] int64
     positions: torch.Tensor | None = None  # [rows] int64, output position of the token being drawn
 
+    @property
+    def plain_greedy(self) -> bool:
+        """Every row takes its argmax of the raw logits: no penalty, ban or log-probability to compute."""
+        return self.all_greedy and self.penalties is None and self.banned is None and self.num_logprobs < 0
+
     @classmethod
     def from_rows(cls, rows: tuple[SamplingRow, ...], vocab_size: int, device: torch.device,
                   eos_token_ids: tuple[int, ...] = ()) -> "SamplingBatch":
@@ -170,8 +175,8 @@ class SamplerOutput:
     def copy_to_host(self) -> "HostSamples":
         """Start the copy to the host without waiting for it (pinned memory, an event marks the end)."""
         tensors = (self.token_ids, self.logprobs, self.top_ids, self.top_logprobs)
-        if self.token_ids.device.type != "cuda":
-            return HostSamples(*tensors)
+        if self.token_ids.device.type != "cuda":  # NOTE: copies: token_ids may be the runner's reused buffer
+            return HostSamples(*(None if t is None else t.clone() for t in tensors))
         host = tuple(None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(
             t, non_blocking=True) for t in tensors)
         event = torch.cuda.Event()
@@ -203,8 +208,11 @@ class HostSamples:
         return out
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
-    """logits: [rows, vocab] -> one token per row, with its log-probability."""
+def sample(logits: torch.Tensor, batch: SamplingBatch, out: torch.Tensor | None = None) -> SamplerOutput:
+    """logits: [rows, vocab] -> one token per row, with its log-probability. `out`: [rows] int64, where the
+    token ids go (the runner's buffer, which the next decode graph reads its pending inputs from)."""
+    if batch.plain_greedy:  # NOTE: the argmax of the logits as they are: float32 would give the same token
+        return SamplerOutput(_argmax(logits, out), None, None, None)
     logits = logits.float()
     raw_logits = logits  # NOTE: logprobs are of the model's own distribution, before any penalty
     if batch.penalties is not None:
@@ -224,6 +232,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
         noise = exponential_noise(batch.seeds, batch.positions, logits.shape[-1])
         drawn = (probs / noise).argmax(dim=-1)
         tokens = torch.where(batch.greedy, tokens, drawn)
+    if out is not None:
+        tokens = out.copy_(tokens)
     top_ids = top_lps = None
     if batch.num_logprobs > 0:
         raw_logprobs = torch.log_softmax(raw_logits, dim=-1)  # [rows, vocab]
@@ -234,6 +244,16 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> SamplerOutput:
     else:  # NOTE: no row asked for log-probabilities: none are computed (as in vLLM)
         chosen = None
     return SamplerOutput(tokens, chosen, top_ids, top_lps)
+
+
+def _argmax(logits: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """Each row's first maximal column, [rows] int64: a Triton kernel on CUDA (kernels/tokens.py: torch's
+    argmax reduces a row in one block of threads, 10-25 us for a vocabulary), torch elsewhere."""
+    if logits.is_cuda:
+        from .kernels.tokens import argmax
+
+        return argmax(logits, out)
+    return torch.argmax(logits, dim=-1, out=out) if out is not None else logits.argmax(dim=-1)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -72,3 +72,33 @@ def test_the_host_clock_times_watched_methods_per_iteration():
     assert slowest["step"] == 1 and 30 <= slowest["phases_ms"]["phase"] <= slowest["ms"]
     assert 2 <= summary["median_phases_ms"]["phase"] < 30
     assert summary["reserved_changes"] == []  # no CUDA here: nothing reserved
+
+
+def test_a_traced_step_is_split_into_what_each_kernel_adds():
+    """Two layers whose kernels overlap (dependent launch): each kernel adds the time from the end of the
+    one before it; the LM head and the time around the model come out too; a step of another shape is
+    skipped."""
+    trace_steps = _load("trace_steps")
+    events, t = [], 0.0
+
+    def kernel(name, start, dur):
+        events.append({"ph": "X", "cat": "kernel", "name": name, "ts": start, "dur": dur})
+
+    for _ in range(2):  # two fused steps, then one prefill step (more kernels)
+        kernel("Memcpy HtoD", t + 2, 1)
+        end = t + 10
+        for _ in range(2):
+            for name, adds in zip(("_gemv_kernel", "_decode_split_kernel", "_gemv_kernel", "_gemv_kernel",
+                                   "_gemv_kernel"), (20, 5, 8, 40, 21)):
+                kernel(name, end - 3, adds + 3)  # starts 3 us before the kernel ahead of it ends
+                end += adds
+        kernel("_gemv_kernel", end - 2, 62)  # the LM head
+        kernel("_argmax_kernel", end + 61, 5)
+        t = end + 66
+    kernel("_gemv_kernel", t + 1, 5)
+    kernel("_argmax_kernel", t + 7, 1)
+    result = trace_steps.step_breakdown(trace_steps.device_events({"traceEvents": events}), num_layers=2)
+    assert result["steps"] == 1  # the first step has no step end before it
+    assert result["layer_us"] == {"qkv": 20, "attention": 5, "o": 8, "gate_up": 40, "down": 21}
+    assert result["a_layer_us"] == 94 and result["lm_head_us"] == 60
+    assert result["before_us"] == 10 - 3 - 0 and result["after_us"] == 6

@@ -19,6 +19,8 @@ from kernel_cases import (  # NOTE: conftest.py sets TRITON_INTERPRET=1 first wh
     check_prefill,
     check_rms_norm,
     check_rotary_and_store_kv,
+    check_argmax,
+    check_fill_pending_ids,
     check_silu_and_mul,
     decode_case,
     prefill_case,
@@ -118,6 +120,17 @@ def test_rotary_and_kv_store_match_reference(num_heads, num_kv_heads, head_dim, 
 @pytest.mark.parametrize("intermediate", [96, 1536])  # 1536: SmolLM2's, two column blocks
 def test_silu_and_mul_matches_reference(intermediate, dtype):
     check_silu_and_mul(5, intermediate, dtype, DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [F32, F16])
+@pytest.mark.parametrize("rows,vocab", [(3, 100), (4, 9000)])  # 9000: more than one tile of 8192 a row
+def test_argmax_picks_the_first_maximum_like_torch(rows, vocab, dtype):
+    check_argmax(rows, vocab, dtype, DEVICE)
+
+
+@pytest.mark.parametrize("n", [1, 5, 40])
+def test_pending_input_ids_come_from_the_sampled_rows(n):
+    check_fill_pending_ids(n, DEVICE)
 
 
 @pytest.mark.parametrize("dtype", [F32, F16])

@@ -52,13 +52,13 @@ def reference(model_dir, dtype):
     return out
 
 
-def run_engine(model_dir, dtype, stats: dict | None = None, **engine_kwargs):
+def run_engine(model_dir, dtype, stats: dict | None = None, logprobs: int | None = 0, **engine_kwargs):
     from bento_pagedllm import LLMEngine, EngineArgs, SamplingParams
 
     # a small cache and token budget: preemption and chunked prefill happen, as in the CPU parity tests
     engine = LLMEngine(EngineArgs(model=model_dir, dtype=dtype, device="cuda", num_kv_blocks=48,
                                   max_model_len=768, max_num_batched_tokens=64, **engine_kwargs))
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=0, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=logprobs, ignore_eos=True)
     for i, ids in enumerate(prompts()):
         engine.add_request(f"p{i}", ids, params)
     final, logit_rows, compute_logits = {}, [], engine.model.compute_logits
@@ -89,6 +89,9 @@ def test_float32_greedy_matches_transformers_exactly(tiny_dir, monkeypatch):
     assert [o.token_ids for o in ours] == [o.token_ids for o in eager]
     decode_graphs_only = run_engine(tiny_dir, "float32", max_mixed_graph_tokens=0)
     assert [o.token_ids for o in decode_graphs_only] == [o.token_ids for o in eager]
+    # no log-probabilities asked: the sampler's plain greedy path (kernels/tokens.py's argmax)
+    plain_greedy = run_engine(tiny_dir, "float32", logprobs=None)
+    assert [o.token_ids for o in plain_greedy] == [o.token_ids for o in eager]
     from bento_pagedllm import cuda_graphs
 
     # contexts here reach ~450 tokens: with a 256-token bound, both graph classes (splits chosen for the

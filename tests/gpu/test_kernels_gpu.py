@@ -12,8 +12,10 @@ import torch
 from bento_pagedllm.models.ops import supports_dependent_launch
 from kernel_cases import (
     attention_cases,
+    check_argmax,
     check_backends_agree,
     check_decode,
+    check_fill_pending_ids,
     check_gemv,
     check_prefill,
     check_rms_norm,
@@ -128,3 +130,14 @@ def test_projections_of_a_few_tokens_match_reference(n, k, rows, dtype, config):
     """Each projection (plain, norm before, SwiGLU after, residual added) against float64 products, launched
     as the engine launches it on this GPU (programmatic dependent launch on compute capability 9+)."""
     check_gemv(n, k, dtype, "cuda", config=config, rows=rows, pdl=PDL)
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float32])
+@pytest.mark.parametrize("rows,vocab", [(1, 32000), (7, 128256), (64, 49152)])  # the three shapes' vocabularies
+def test_argmax_picks_the_first_maximum_like_torch(rows, vocab, dtype):
+    check_argmax(rows, vocab, dtype, "cuda")
+
+
+@pytest.mark.parametrize("n", [1, 512])
+def test_pending_input_ids_come_from_the_sampled_rows(n):
+    check_fill_pending_ids(n, "cuda")

@@ -1,0 +1,74 @@
+"""The small per-step kernels around a decode step's model: the greedy choice of each row's token, and the
+input ids a step takes from the step before it (on the device, never through the host).
+
+Why kernels: under the torch profiler a Llama-2-7B single-stream step spent ~60 us of its 3.6 ms on an
+H200 outside the model (2026-12-01): torch's argmax reduced a row in one block of threads (10 us for
+32,000 logits, more for 128,256), after a conversion of the logits to float32 (4 us); the pending input ids
+took an index_select and an index_copy_ besides their upload. `argmax` reads the 16-bit logits as they are
+(the conversion is exact and monotonic: the same token), 5 us a 32,000-logit row; `fill_pending_ids` runs
+inside the decode graph. Without the profiler the gain is small (BENCHMARKS.md, fourteenth session).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _argmax_kernel(logits_ptr, out_ptr, stride, vocab, BLOCK: tl.constexpr):
+    """One program a row: each lane keeps the best value it saw and its first column, then the row's best
+    lane with the smallest column wins (torch's rule: the first maximal index). NOTE: NaN counts as +inf."""
+    row = tl.program_id(0).to(tl.int64)
+    lanes = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_col = tl.full([BLOCK], 2**31 - 1, tl.int32)
+    for start in range(0, vocab, BLOCK):
+        cols = start + lanes
+        x = tl.load(logits_ptr + row * stride + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
+        x = tl.where(x != x, float("inf"), x)
+        better = (x > best) | ((best_col == 2**31 - 1) & (cols < vocab))  # NOTE: a lane's first column counts
+        best = tl.where(better, x, best)
+        best_col = tl.where(better, cols, best_col)
+    top = tl.max(best, axis=0)
+    tl.store(out_ptr + row, tl.min(tl.where(best == top, best_col, 2**31 - 1), axis=0).to(tl.int64))
+
+
+def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """logits: [rows, vocab] (any float dtype) -> [rows] int64, each row's first maximal column."""
+    rows, vocab = logits.shape
+    assert logits.stride(1) == 1 and vocab < 2**31 - 1
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device) if out is None else out
+    assert out.shape == (rows,) and out.dtype == torch.int64
+    if rows:
+        block = min(8192, triton.next_power_of_2(vocab))
+        _argmax_kernel[(rows,)](logits, out, logits.stride(0), vocab, BLOCK=block, num_warps=min(16, max(1, block // 512)))
+    return out
+
+
+def argmax_ref(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(dim=-1)
+
+
+@triton.jit
+def _fill_pending_kernel(ids_ptr, src_ptr, sampled_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    mask = i < n
+    src = tl.load(src_ptr + i, mask=mask, other=-1)
+    token = tl.load(sampled_ptr + tl.maximum(src, 0), mask=mask & (src >= 0), other=0)
+    tl.store(ids_ptr + i, token, mask=mask & (src >= 0))
+
+
+def fill_pending_ids(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled: torch.Tensor) -> None:
+    """input_ids[i] = sampled[pending_src[i]] where pending_src[i] >= 0 (in place; [n] int64 each): the
+    inputs sampled by the step before, which the host has not read yet."""
+    n = input_ids.shape[0]
+    assert pending_src.shape == (n,) and input_ids.dtype == sampled.dtype == torch.int64
+    if n:
+        _fill_pending_kernel[(1,)](input_ids, pending_src, sampled, n, BLOCK=triton.next_power_of_2(n))
+
+
+def fill_pending_ids_ref(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled: torch.Tensor) -> None:
+    taken = pending_src >= 0
+    input_ids[taken] = sampled[pending_src[taken]]
