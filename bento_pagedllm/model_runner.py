@@ -207,6 +207,7 @@ class ModelRunner:
         # [num_logit_rows, vocab] on rank 0, None elsewhere (the decode graph's hidden holds padding rows too)
         logits = self.logits(hidden, num_seqs if path == "decode_graph" else hidden.shape[0])
         sampled, rows = None, ()
+        assert host.num_sampling_rows <= len(self.sampled_tokens), "more sampling rows than sequence seats"
         token_ids = self.sampled_tokens[: host.num_sampling_rows]  # [rows] int64
         if self.parallel.is_driver:
             rows = plan.sampling_rows
