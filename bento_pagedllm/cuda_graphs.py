@@ -184,11 +184,11 @@ class DecodeGraphs:
         `pending_src[i]`: the row of `sampled` that is sequence i's input id, or -1 (the id is given)."""
         n = len(input_ids)
         batch = next(size for size in self.sizes if size >= n)
-        pad = [0] * (batch - n)
+        pad = batch - n
         # NOTE: padding rows write nowhere (slot -1) and attend to one token at position 0
-        self.inputs.upload(block_tables, input_ids=input_ids + pad, positions=positions + pad,
-                           slot_mapping=slot_mapping + [-1] * len(pad), pending_src=pending_src + [-1] * len(pad),
-                           seq_lens=seq_lens + [1] * len(pad))
+        self.inputs.upload(block_tables, input_ids=input_ids + [0] * pad, positions=positions + [0] * pad,
+                           slot_mapping=slot_mapping + [-1] * pad, pending_src=pending_src + [-1] * pad,
+                           seq_lens=seq_lens + [1] * pad)
         bound = next(b for b in self.context_bounds if b >= max(seq_lens))
         graph, out = self.graphs[batch, bound]
         graph.replay()

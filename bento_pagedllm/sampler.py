@@ -253,7 +253,7 @@ def _argmax(logits: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         from .kernels.tokens import argmax
 
         return argmax(logits, out)
-    return torch.argmax(logits, dim=-1, out=out) if out is not None else logits.argmax(dim=-1)
+    return torch.argmax(logits, dim=-1, out=out)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
