@@ -1,0 +1,135 @@
+"""The GEMMs of big decode steps and of prefill on the GPU: cuBLAS as the model calls it (`F.linear`),
+cuBLAS through cuBLASLt, and a persistent Triton GEMM (W through the tensor-memory accelerator), for the
+projections of Llama-2-7B and Llama-3-8B at the row counts of the decode graphs' ladder.
+
+Why: a Llama-3-8B offline run spends ~2.8 s in decode steps of 129-512 sequences, two thirds of it in
+GEMMs at ~520 TFLOP/s, against ~670 for the 16,384-token prefill steps (torch profiler, 2026-12-01). At a
+few hundred rows the output has few tiles (N = 4,096 in 128 x 128 tiles and 448 rows: 128 tiles for 132
+multiprocessors), so the kernel cuBLAS picks for each row count decides the time. This measures, per row
+count, what each path reaches, before anything in the model changes.
+
+Each call is timed inside a CUDA graph (triton.testing.do_bench_cudagraph), cycling through copies of W
+of 256 MB or more in all, as a step's layers do (a W that fits in L2 would otherwise be read from it).
+
+    python bench/gemm.py --rows 128,256,384,448,480,512 --out bench/results/gemm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from single_stream import copy_bandwidth
+
+SHAPES = [  # (name, N, K): y = x W^T, W [N, K]
+    ("llama2-7b qkv", 12288, 4096), ("llama2-7b o", 4096, 4096), ("llama2-7b gate_up", 22016, 4096),
+    ("llama2-7b down", 4096, 11008), ("llama2-7b lm_head", 32000, 4096),
+    ("llama3-8b qkv", 6144, 4096), ("llama3-8b o", 4096, 4096), ("llama3-8b gate_up", 28672, 4096),
+    ("llama3-8b down", 4096, 14336), ("llama3-8b lm_head", 128256, 4096),
+]
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps): the rows of x by the rows of W a tile
+CONFIGS = [(128, 128, 64, 4, 8), (128, 256, 64, 3, 8), (64, 128, 64, 5, 4), (64, 256, 64, 4, 4),
+           (128, 128, 128, 3, 8), (128, 64, 64, 5, 4)]
+
+
+@triton.jit
+def _persistent_matmul_kernel(x_desc, w_desc, y_desc, M, N, K, NUM_SMS: tl.constexpr, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """y = x W^T. Each program walks the output tiles NUM_SMS apart (the loop flattened, so the next tile's
+    loads start while this one's last products run); tiles go GROUP_M row blocks at a time for L2."""
+    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
+        group = tile // (GROUP_M * num_n)
+        first_m = group * GROUP_M
+        group_rows = tl.minimum(num_m - first_m, GROUP_M)
+        pid_m = first_m + (tile % group_rows)
+        pid_n = (tile % (GROUP_M * num_n)) // group_rows
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(k_tiles):
+            x = x_desc.load([pid_m * BLOCK_M, kk * BLOCK_K])  # [BLOCK_M, BLOCK_K]
+            w = w_desc.load([pid_n * BLOCK_N, kk * BLOCK_K])  # [BLOCK_N, BLOCK_K]
+            acc = tl.dot(x, w.T, acc)
+        y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y_desc.dtype))
+
+
+def triton_matmul(x: torch.Tensor, w: torch.Tensor, config: tuple, out: torch.Tensor) -> torch.Tensor:
+    block_m, block_n, block_k, stages, warps = config
+    m, k = x.shape
+    n = w.shape[0]
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    _persistent_matmul_kernel[(min(sms, tiles),)](
+        TensorDescriptor.from_tensor(x, [block_m, block_k]), TensorDescriptor.from_tensor(w, [block_n, block_k]),
+        TensorDescriptor.from_tensor(out, [block_m, block_n]), m, n, k, NUM_SMS=sms, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, num_stages=stages, num_warps=warps)
+    return out
+
+
+def timed_us(fn, copies) -> float:
+    return triton.testing.do_bench_cudagraph(lambda: [fn(c) for c in copies], rep=50) * 1e3 / len(copies)
+
+
+def measure(name: str, n: int, k: int, m: int, copies: list[torch.Tensor]) -> dict:
+    x = torch.randn(m, k, device="cuda", dtype=copies[0].dtype)
+    out = torch.empty(m, n, device="cuda", dtype=x.dtype)
+    flops = 2 * m * n * k
+    row = {"name": name, "n": n, "k": k, "rows": m}
+    ref = torch.nn.functional.linear(x, copies[0]).float()
+    for library in ("cublas", "cublaslt"):
+        torch.backends.cuda.preferred_blas_library(library)
+        us = timed_us(lambda w: torch.nn.functional.linear(x, w), copies)
+        row[f"{library}_us"], row[f"{library}_tflops"] = us, flops / us / 1e6
+    torch.backends.cuda.preferred_blas_library("cublas")
+    best = None
+    for config in CONFIGS:
+        try:
+            got = triton_matmul(x, copies[0], config, out).float()
+            error = ((got - ref).abs().max() / ref.abs().max()).item()
+            us = timed_us(lambda w: triton_matmul(x, w, config, out), copies)
+        except Exception as e:  # noqa: BLE001 (a configuration that does not fit: shared memory)
+            print(f"  {name} rows {m} {config}: {type(e).__name__}", flush=True)
+            continue
+        if best is None or us < best[0]:
+            best = (us, config, error)
+    if best:
+        row["triton_us"], row["triton_tflops"] = best[0], flops / best[0] / 1e6
+        row["triton_config"], row["triton_max_rel_error"] = list(best[1]), best[2]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="128,256,320,384,448,480,512,16384", help="comma-separated")
+    parser.add_argument("--shapes", default="llama3-8b", help="only the shapes whose name starts with one of these")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    bandwidth = copy_bandwidth()
+    prefixes = tuple(p for p in args.shapes.split(",") if p)
+    rows = []
+    for name, n, k in SHAPES:
+        if prefixes and not name.startswith(prefixes):
+            continue
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        weight_bytes = n * k * w.element_size()
+        copies = [w] + [w.clone() for _ in range(-(-(256 << 20) // weight_bytes) - 1)]
+        for m in map(int, args.rows.split(",")):
+            rows.append(measure(name, n, k, m, copies if m <= 4096 else copies[:1]))
+            print(json.dumps(rows[-1]), flush=True)
+        del w, copies
+    result = {"copy_bandwidth_tbs": bandwidth / 1e12, "gpu": torch.cuda.get_device_name(),
+              "torch": torch.__version__, "triton": triton.__version__, "rows": rows}
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
