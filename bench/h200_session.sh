@@ -255,13 +255,19 @@ case $part in
     # Llama-3-8B offline (vLLM's batch settings; OFFLINE7B=1: Llama-2-7B offline too) from HEAD and from each export in AB (ab/NAME first on
     # PYTHONPATH), in ABBA order (HEAD, the exports, the exports reversed, HEAD): one call's runs drift by a
     # few per cent (2026-12-01, run 6 of bench/results/h200-2026-12-01m), which that order cancels
-    [ -n "${TESTS:-}" ] && run gpu_decode_tests 90 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k decode
+    [ -n "${TESTS:-}" ] && run gpu_tests 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py -k "decode or float32_greedy"
     S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
     order="head ${AB:-} $(echo ${AB:-} | tr ' ' '\n' | tac | tr '\n' ' ') head"
     n=0; for v in $order; do n=$((n + 1)); P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
       PYTHONPATH=$P run single_stream_${n}_$v 100 $PY bench/single_stream.py --models llama2-7b --peers none --runs 3 --out "$out/single_stream_${n}_$v.json"
       PYTHONPATH=$P run serve_offline_llama3-8b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_${n}_$v.json"
       [ -n "${OFFLINE7B:-}" ] && PYTHONPATH=$P run serve_offline_llama2-7b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_${n}_$v.json"; done
+    ;;
+  gemm)
+    # issue 5: the GEMMs of big decode steps and prefill, cuBLAS (as the model calls it), cuBLASLt and a
+    # persistent Triton GEMM, TFLOP/s per row count of the decode ladder (bench/gemm.py)
+    run gemm_llama3-8b 240 $PY bench/gemm.py --shapes llama3-8b --rows ${ROWS:-128,256,320,384,448,512,16384} --out "$out/gemm_llama3-8b.json"
+    run gemm_llama2-7b 200 $PY bench/gemm.py --shapes llama2-7b --rows ${ROWS:-128,256,320,384,448,512,16384} --out "$out/gemm_llama2-7b.json"
     ;;
   single_ab)
     # issue 4 in one call: the GPU engine and small-kernel tests (TESTS=1), then single stream (MODELS, default

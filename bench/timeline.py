@@ -21,7 +21,20 @@ def idle_fraction(timeline: list) -> dict:
     return {"steps": len(timeline), "span_ms": span, "idle_between_steps_ms": sum(gaps),
             "idle_fraction": sum(gaps) / span, "median_step_device_ms": sorted(busy)[len(busy) // 2],
             "by_step_kind": step_breakdown(timeline, busy, idle_before),
+            "decode_graph_ms_by_seqs": decode_ms_by_seqs(timeline, busy),
             "longest_idle_gaps": longest_gaps(timeline, idle_before)}
+
+
+def decode_ms_by_seqs(timeline: list, busy: list[float]) -> dict[int, float]:
+    """The decode-graph steps' mean device time by their number of sequences: which batch sizes are slow
+    (a graph's GEMM kernels are picked per row count)."""
+    sums: dict[int, list] = {}
+    for step, ms in zip(timeline, busy):
+        if step[2] == "decode_graph":
+            total = sums.setdefault(step[3], [0, 0.0])
+            total[0] += 1
+            total[1] += ms
+    return {seqs: round(ms / n, 3) for seqs, (n, ms) in sorted(sums.items())}
 
 
 def longest(values: list[float], count: int) -> list[int]:

@@ -1,5 +1,5 @@
 """Steps replayed from CUDA graphs: decode steps, one graph per batch size of a ladder, padded up to the
-next; and small mixed steps (prefill chunks with decodes), one graph per token count of a ladder.
+next (or further, where a bigger graph replays faster: `faster_graph_sizes`); and small mixed steps (prefill chunks with decodes), one graph per token count of a ladder.
 
 A step of the model is hundreds of kernel launches whose host-side cost (Triton's launcher especially)
 exceeds the GPU time of all but big steps: on an H200 the Llama-2-7B forward takes the host 11 to 17 ms to
@@ -40,13 +40,41 @@ SHORT_CONTEXT = 1024  # tokens: one program reads that much of a KV head in a fe
 
 
 def batch_size_ladder(max_batch: int) -> list[int]:
-    """1, 2, 4, 8, then steps of 8 to 64, then of 16 to 256, then of 32: padding stays under ~15%."""
+    """1, 2, 4, 8, then steps of 8 to 64, then of 16 to 256, then of 32: a batch is padded by at most 7, 15
+    or 31 rows."""
     sizes = [1, 2, 4]
     size = 8
     while size <= max_batch:
         sizes.append(size)
         size += 8 if size < 64 else 16 if size < 256 else 32
     return [s for s in sizes if s <= max_batch] or [1]
+
+
+# a bigger decode graph serves a batch only when it replayed at least this much faster than the batch's own
+# at start-up. NOTE: not a few per cent: short replays on an idle GPU favour padding more than sustained
+# load does. Llama-3-8B's 416 graph replayed 6% slower than its 480 graph at start-up, yet its offline
+# steps of 385-416 sequences ran ~1 ms (6%) faster on their own graph than on the 480 one; its 448 graph
+# replayed 35% slower than the 480 one, and its steps of 417-448 sequences ran ~2 ms (10-15%) faster on
+# the 480 graph (H200, 2026-12-01).
+FASTER_GRAPH_MARGIN = 0.15
+# smaller batches are bound by reading the weights, whatever GEMM kernel runs: their graphs are not timed
+MIN_TIMED_BATCH = 128
+
+
+def faster_graph_sizes(sizes: list[int], replay_ms: list[float], margin: float = FASTER_GRAPH_MARGIN) -> dict[int, int]:
+    """For each size with a replay time, the size of the graph its batches replay: the fastest of itself and
+    the bigger sizes, if that is faster than its own by more than `margin`, else itself.
+
+    Why: cuBLAS picks a GEMM kernel per row count, and some counts get a slow one. On an H200 (2026-12-01,
+    bench/gemm.py) Llama-3-8B's gate/up projection ran at 380 TFLOP/s on 448 rows against 655 on 512, so
+    a batch of 448 sequences finished sooner padded to 480; no rule of thumb predicts which counts, so
+    the replays at start-up are timed (`DecodeGraphs.time_replays`)."""
+    assert len(sizes) == len(replay_ms) and sizes == sorted(sizes)
+    chosen = {}
+    for i, size in enumerate(sizes):
+        fastest = min(range(i, len(sizes)), key=lambda j: (replay_ms[j], j))
+        chosen[size] = sizes[fastest] if replay_ms[fastest] < replay_ms[i] * (1 - margin) else size
+    return chosen
 
 
 def mixed_token_ladder(max_tokens: int) -> list[int]:
@@ -134,6 +162,7 @@ class DecodeGraphs:
         self.rows = torch.arange(top, dtype=torch.int64, device=device)
         self.context_bounds = sorted({min(SHORT_CONTEXT, max_model_len), max_model_len})
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graph_size = {size: size for size in self.sizes}  # a ladder size -> the graph its batches replay
         self.pool = None
         self.capture_seconds = 0.0
 
@@ -166,6 +195,43 @@ class DecodeGraphs:
         logger.info("captured %d decode graphs (batch 1..%d, contexts up to %s) in %.1f s", len(self.graphs),
                     self.sizes[-1], self.context_bounds, self.capture_seconds)
 
+    @torch.inference_mode()
+    def time_replays(self, repeats: int = 3) -> list[float]:
+        """The replay times in ms of the graphs of `timed_sizes` (short contexts; the median of `repeats`
+        after one warm replay), for `use_faster_graphs`. NOTE: the static inputs hold what capture left:
+        padding rows' values (slot -1: nothing is written), so a replay only reads. The graphs of the other
+        context bound run the same GEMMs (Llama-3-8B: the same times within 3%, 2026-12-01).
+        At tp > 1 every rank replays the same graphs in the same order (their all-reduces pair up)."""
+        times = []
+        for size in self.timed_sizes:
+            graph = self.graphs[size, self.context_bounds[0]][0]
+            graph.replay()
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(repeats + 1)]
+            events[0].record()
+            for event in events[1:]:
+                graph.replay()
+                event.record()
+            events[-1].synchronize()
+            times.append(sorted(a.elapsed_time(b) for a, b in zip(events, events[1:]))[repeats // 2])
+        return times
+
+    @property
+    def timed_sizes(self) -> list[int]:
+        return [size for size in self.sizes if size >= MIN_TIMED_BATCH]
+
+    def use_faster_graphs(self, replay_ms: list[float]) -> None:
+        """Route the timed sizes' batches to the graphs `faster_graph_sizes` picks. NOTE: at tp > 1 all
+        ranks must pass the same times (rank 0's), or their graphs' all-reduces would not pair up."""
+        sizes = self.timed_sizes
+        self.graph_size.update(faster_graph_sizes(sizes, replay_ms))
+        logger.info("decode graph replays (ms) by batch size: %s",
+                    {size: round(ms, 2) for size, ms in zip(sizes, replay_ms)})
+        for i, size in enumerate(sizes):
+            j = sizes.index(self.graph_size[size])
+            if j != i:
+                logger.info("decode batches of up to %d sequences replay the %d graph (%.2f ms against %.2f)",
+                            size, sizes[j], replay_ms[j], replay_ms[i])
+
     def _step(self, batch: int, bound: int) -> torch.Tensor:
         """What a graph replays: the pending input ids filled in, then the model."""
         from .kernels.tokens import fill_pending_ids
@@ -183,13 +249,13 @@ class DecodeGraphs:
         output, whose first n rows are the step's (the LM head takes the padded rows: ModelRunner.logits).
         `pending_src[i]`: the row of `sampled` that is sequence i's input id, or -1 (the id is given)."""
         n = len(input_ids)
-        batch = next(size for size in self.sizes if size >= n)
+        bound = next(b for b in self.context_bounds if b >= max(seq_lens))
+        batch = self.graph_size[next(size for size in self.sizes if size >= n)]
         pad = batch - n
         # NOTE: padding rows write nowhere (slot -1) and attend to one token at position 0
         self.inputs.upload(block_tables, input_ids=input_ids + [0] * pad, positions=positions + [0] * pad,
                            slot_mapping=slot_mapping + [-1] * pad, pending_src=pending_src + [-1] * pad,
                            seq_lens=seq_lens + [1] * pad)
-        bound = next(b for b in self.context_bounds if b >= max(seq_lens))
         graph, out = self.graphs[batch, bound]
         graph.replay()
         return out

@@ -121,6 +121,10 @@ class ModelRunner:
                 sampled=self.sampled_tokens,
             )
             self.graphs.capture()
+            # some batch sizes replay faster padded to a bigger graph (cuBLAS's kernel choice by row count)
+            replay_ms = torch.tensor(self.graphs.time_replays(), dtype=torch.float64,
+                                     device=self.parallel.collective_device)
+            self.graphs.use_faster_graphs(self.parallel.broadcast_from_driver(replay_ms).tolist())
         self.mixed_graphs = None
         if configs.cuda_graph_max_mixed_tokens >= 32:
             from .cuda_graphs import MixedGraphs
@@ -234,9 +238,12 @@ class ModelRunner:
         """
         buckets = self.logit_row_buckets
         rows = hidden.shape[0]
-        if buckets and rows not in buckets:
-            bucket = next((b for b in buckets if b >= rows), rows)
-            hidden = torch.cat([hidden, hidden.new_zeros(bucket - rows, hidden.shape[1])])
+        if buckets:
+            bucket = next((b for b in buckets if b >= num_rows), rows)
+            if bucket < rows:  # a decode graph bigger than the step's bucket (DecodeGraphs.graph_size)
+                hidden = hidden[:bucket]
+            elif bucket > rows:
+                hidden = torch.cat([hidden, hidden.new_zeros(bucket - rows, hidden.shape[1])])
         logits = self.model.compute_logits(hidden)
         return logits if logits is None or logits.shape[0] == num_rows else logits[:num_rows]
 

@@ -42,3 +42,5 @@ def test_idle_time_is_owned_by_the_step_that_waited():
     assert result["longest_idle_gaps"][:2] == [
         {"step": 2, "idle_ms": 2, "path": "decode_graph", "seqs": 4, "tokens": 4},
         {"step": 3, "idle_ms": 1, "path": "decode_graph", "seqs": 3, "tokens": 3}]
+    # the decode-graph steps' mean time by sequence count (eager steps left out)
+    assert result["decode_graph_ms_by_seqs"] == {3: 3.0, 4: 3.0, 300: 5.0}

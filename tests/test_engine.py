@@ -1,6 +1,7 @@
 """Engine behaviour through the public API: choices, stops, limits, seeds, logprobs, penalties, aborts."""
 
 import pytest
+import torch
 
 from bento_pagedllm import LLM, RequestError, SamplingParams
 
@@ -214,6 +215,11 @@ def test_padded_lm_head_rows_change_no_output(tiny_llama3_dir):
     runner.model.compute_logits = lambda hidden: rows.append(hidden.shape[0]) or compute_logits(hidden)
     padded = llm.generate(prompts, params)
     assert set(rows) <= {1, 2, 4, 8} and 4 in rows
+    # a decode graph bigger than the step's bucket (DecodeGraphs.graph_size): the LM head takes fewer rows
+    rows.clear()
+    hidden = torch.randn(8, runner.model.config.hidden_size)
+    torch.testing.assert_close(runner.logits(hidden, 3), compute_logits(hidden[:3]), rtol=0, atol=0)
+    assert rows == [4]
     for a, b in zip(plain, padded):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert len(b.outputs[0].logprobs) == 6

@@ -99,6 +99,14 @@ def test_float32_greedy_matches_transformers_exactly(tiny_dir, monkeypatch):
     monkeypatch.setattr(cuda_graphs, "SHORT_CONTEXT", 256)
     two_classes = run_engine(tiny_dir, "float32")
     assert [o.token_ids for o in two_classes] == [o.token_ids for o in eager]
+    # every decode batch replayed on the biggest graph (as DecodeGraphs.use_faster_graphs may route one):
+    # the same tokens, and the LM head still takes the step's own bucket of rows
+    routed_stats = {}
+    monkeypatch.setattr(cuda_graphs, "MIN_TIMED_BATCH", 1)
+    monkeypatch.setattr(cuda_graphs, "faster_graph_sizes", lambda sizes, replay_ms: {s: sizes[-1] for s in sizes})
+    routed = run_engine(tiny_dir, "float32", routed_stats)
+    assert [o.token_ids for o in routed] == [o.token_ids for o in eager]
+    assert routed_stats["logit_rows"] <= set(routed_stats["buckets"]) and len(routed_stats["logit_rows"]) > 1
     for out, (tokens, logprobs) in zip(ours, reference(tiny_dir, torch.float32)):
         assert out.token_ids == tokens
         assert max(abs(a.logprob - b) for a, b in zip(out.logprobs, logprobs)) < 1e-3
