@@ -272,7 +272,7 @@ case $part in
   single_ab)
     # issue 4 in one call: the GPU engine and small-kernel tests (TESTS=1), then single stream (MODELS, default
     # the three shapes) from HEAD and from each export in AB (ab/NAME first on PYTHONPATH), in ABBA order
-    [ -n "${TESTS:-}" ] && run gpu_tests 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_engine_gpu.py tests/gpu/test_kernels_gpu.py -k "engine or bfloat16 or float32 or argmax or pending or projections or counting or waiting or waits"
+    [ -n "${TESTS:-}" ] && run gpu_tests 320 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_engine_gpu.py tests/gpu/test_kernels_gpu.py -k "engine or bfloat16 or float32 or argmax or pending or projections or counting or waiting or waits"
     order="head ${AB:-} $(echo ${AB:-} | tr ' ' '\n' | tac | tr '\n' ' ') head"
     n=0; for v in $order; do n=$((n + 1)); P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
       PYTHONPATH=$P run single_stream_${n}_$v 120 $PY bench/single_stream.py --models ${MODELS:-llama2-7b smollm2-135m llama3-8b} --peers none --runs 3 --out "$out/single_stream_${n}_$v.json"; done
