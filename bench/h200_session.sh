@@ -263,6 +263,13 @@ case $part in
       PYTHONPATH=$P run serve_offline_llama3-8b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_${n}_$v.json"
       [ -n "${OFFLINE7B:-}" ] && PYTHONPATH=$P run serve_offline_llama2-7b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_${n}_$v.json"; done
     ;;
+  startup_ab)
+    # issue 4's start-up, cold: Llama-2-7B single stream from HEAD and each export in AB, in ABBA order, each
+    # with an empty Triton cache (every kernel compiled and tuned, as on a fresh machine)
+    order="head ${AB:-} $(echo ${AB:-} | tr ' ' '\n' | tac | tr '\n' ' ') head"
+    n=0; for v in $order; do n=$((n + 1)); P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
+      PYTHONPATH=$P TRITON_CACHE_DIR=$(mktemp -d) run startup_${n}_$v 120 $PY bench/single_stream.py --models llama2-7b --peers none --runs 1 --out "$out/startup_${n}_$v.json"; done
+    ;;
   gemm)
     # issue 5: the GEMMs of big decode steps and prefill, cuBLAS (as the model calls it), cuBLASLt and a
     # persistent Triton GEMM, TFLOP/s per row count of the decode ladder (bench/gemm.py)
