@@ -1,5 +1,6 @@
 """Steps replayed from CUDA graphs: decode steps, one graph per batch size of a ladder, padded up to the
-next (or further, where a bigger graph replays faster: `faster_graph_sizes`); and small mixed steps (prefill chunks with decodes), one graph per token count of a ladder.
+next (or further, where a bigger graph replays much faster: `faster_graph_sizes`); and small mixed steps
+(prefill chunks with decodes), one graph per token count of a ladder.
 
 A step of the model is hundreds of kernel launches whose host-side cost (Triton's launcher especially)
 exceeds the GPU time of all but big steps: on an H200 the Llama-2-7B forward takes the host 11 to 17 ms to
@@ -246,7 +247,8 @@ class DecodeGraphs:
     def run(self, input_ids: list[int], positions: list[int], slot_mapping: list[int], seq_lens: list[int],
             block_tables: list[list[int]], pending_src: list[int]) -> torch.Tensor:
         """One decode step of n sequences: [batch, hidden] (before the final norm), the padded graph's
-        output, whose first n rows are the step's (the LM head takes the padded rows: ModelRunner.logits).
+        output, whose first n rows are the step's (the LM head takes the first rows of the step's bucket:
+        ModelRunner.logits).
         `pending_src[i]`: the row of `sampled` that is sequence i's input id, or -1 (the id is given)."""
         n = len(input_ids)
         bound = next(b for b in self.context_bounds if b >= max(seq_lens))
