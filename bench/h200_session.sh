@@ -270,6 +270,12 @@ case $part in
     n=0; for v in $order; do n=$((n + 1)); P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
       PYTHONPATH=$P TRITON_CACHE_DIR=$(mktemp -d) run startup_${n}_$v 120 $PY bench/single_stream.py --models llama2-7b --peers none --runs 1 --out "$out/startup_${n}_$v.json"; done
     ;;
+  rows32_ab)
+    # issue 5: Llama-3-8B offline with the fused tiles up to 32 rows against 16 (the default), ABBA in one call
+    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
+    n=0; for rows in 32 16 16 32; do n=$((n + 1))
+      run serve_offline_llama3-8b_${n}_rows$rows 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_${n}_rows$rows.json"; done
+    ;;
   gemm)
     # issue 5: the GEMMs of big decode steps and prefill, cuBLAS (as the model calls it), cuBLASLt and a
     # persistent Triton GEMM, TFLOP/s per row count of the decode ladder (bench/gemm.py)
