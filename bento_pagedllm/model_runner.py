@@ -121,10 +121,11 @@ class ModelRunner:
                 sampled=self.sampled_tokens,
             )
             self.graphs.capture()
-            # some batch sizes replay faster padded to a bigger graph (cuBLAS's kernel choice by row count)
-            replay_ms = torch.tensor(self.graphs.time_replays(), dtype=torch.float64,
-                                     device=self.parallel.collective_device)
-            self.graphs.use_faster_graphs(self.parallel.broadcast_from_driver(replay_ms).tolist())
+            if self.graphs.timed_sizes:  # some batch sizes replay faster padded to a bigger graph (cuBLAS's
+                # kernel choice by row count); NOTE: every rank takes rank 0's times
+                replay_ms = torch.tensor(self.graphs.time_replays(), dtype=torch.float64,
+                                         device=self.parallel.collective_device)
+                self.graphs.use_faster_graphs(self.parallel.broadcast_from_driver(replay_ms).tolist())
         self.mixed_graphs = None
         if configs.cuda_graph_max_mixed_tokens >= 32:
             from .cuda_graphs import MixedGraphs
