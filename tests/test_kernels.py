@@ -207,3 +207,28 @@ def test_the_decode_split_count_stays_within_its_limits():
                     elif pairs >= 132:
                         assert splits == min(2 if pairs >= 8 * 132 else 4, -(-context // 64))
     assert choose_num_splits(4096, 1, 32, 8, cpu) == 16 and choose_num_splits(1024, 8, 32, 8, cpu) == 9
+
+
+def test_projection_configurations_compile_ahead_each_with_its_launch_options():
+    """gemv.compile_configs_ahead: every configuration the autotuner will time is compiled once, with the
+    launch's arguments and flags and the configuration's own options (the key its launch looks up)."""
+    import threading
+
+    import triton
+
+    from bento_pagedllm.kernels import gemv
+
+    calls, lock = [], threading.Lock()
+
+    class Kernel:
+        def warmup(self, *args, grid, **kwargs):
+            with lock:
+                calls.append((args, grid, kwargs))
+
+    configs = gemv._prune(gemv._row_configs(), {"K": 576})
+    flags = dict(RMS_NORM=True, USE_PDL=True, launch_pdl=True)
+    gemv.compile_configs_ahead(Kernel(), configs, ("x", "w", 7), flags, threads=3)
+    assert len(calls) == len(configs) and all(args == ("x", "w", 7) and grid == (1,) for args, grid, _ in calls)
+    expected = sorted(str({**flags, **c.all_kwargs()}) for c in configs)
+    assert sorted(str(kwargs) for _, _, kwargs in calls) == expected
+    assert all(c.kwargs["BLOCK_K"] <= 1024 for c in configs) and isinstance(configs[0], triton.Config)
