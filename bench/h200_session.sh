@@ -276,6 +276,17 @@ case $part in
     n=0; for rows in 32 16 16 32; do n=$((n + 1))
       run serve_offline_llama3-8b_${n}_rows$rows 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_${n}_rows$rows.json"; done
     ;;
+  offline_variants)
+    # issue 5: offline runs of SHAPES (default llama3-8b; each with its batch settings of the figures of
+    # record) for each of VARIANTS (EXPORT:ROWS; EXPORT head = the tree, else ab/EXPORT; ROWS the
+    # --fused-gemv-rows), in the given order and then reversed, in one call; TESTS=1: the GPU projection and
+    # engine tests first
+    [ -n "${TESTS:-}" ] && run gpu_tests 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py -k "projections or bfloat16 or float32_greedy"
+    n=0; for v in $VARIANTS $(echo $VARIANTS | tr ' ' '\n' | tac | tr '\n' ' '); do n=$((n + 1)); e=${v%%:*}; rows=${v##*:}
+      for shape in ${SHAPES:-llama3-8b}; do
+        settings=$([ $shape = llama3-8b ] && echo "--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512" || echo "$BIG")
+        PYTHONPATH=$([ $e = head ] || echo "$PWD/ab/$e:")$PYTHONPATH run serve_offline_${shape}_${n}_${e}_rows$rows 90 $PY bench/serve.py --mode offline --shape $shape --requests $R --dtype bfloat16 $settings --fused-gemv-rows $rows --out "$out/serve_offline_${shape}_${n}_${e}_rows$rows.json"; done; done
+    ;;
   gemm)
     # issue 5: the GEMMs of big decode steps and prefill, cuBLAS (as the model calls it), cuBLASLt and a
     # persistent Triton GEMM, TFLOP/s per row count of the decode ladder (bench/gemm.py)
