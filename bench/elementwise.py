@@ -4,9 +4,9 @@ shape the model uses and in others, as bytes moved over time against the copy ba
 
 Why: in a Llama-3-8B prefill step of 16,384 tokens, cuBLAS's gate/up product followed by the
 SiLU-and-multiply took 6.20 ms against 5.65 for the product alone (bench/gemm.py --swiglu, 2026-12-01):
-the activation moved 1.41 GB in ~0.55 ms, ~2.6 TB/s against a copy's 4.28. At the copy bandwidth it
-would take 0.33 ms, ~7 ms a step of 32 layers (~0.5% of the offline run); the norms' share is similar.
-This measures how far the launch shape alone gets before anything in the model changes.
+the activation seemed to move its 1.41 GB at ~2.6 TB/s against a copy's 4.28. This measures the kernels
+alone, in the model's launch shape and others. Measured (2026-12-01, 8,192 rows): SiLU-and-multiply
+already at 4.08-4.13 TB/s in the model's shape, 4.14-4.21 in the best other: nothing to gain there.
 
     python bench/elementwise.py --rows 8192,16384 --out bench/results/elementwise.json
 """
@@ -68,7 +68,9 @@ def measure_norm(name: str, hidden: int, m: int) -> dict:
                 x, residual, weight, out, total, hidden, hidden, hidden, hidden, hidden, 1e-5,
                 BLOCK=triton.next_power_of_2(hidden), ADD_RESIDUAL=True, num_warps=warps, enable_fp_fusion=False)
         launch()
-        assert torch.equal(out, ref_out) and torch.equal(total, ref_total), (name, warps)
+        # NOTE: the warps change the order of the row's sum of squares: equal within its rounding
+        assert torch.equal(total, ref_total), (name, warps)
+        torch.testing.assert_close(out, ref_out, rtol=1e-2, atol=1e-2)
         us = timed_us(launch)
         row[f"warps{warps}_us"], row[f"warps{warps}_tbs"] = us, moved / us / 1e6
     return row

@@ -200,12 +200,13 @@ class DeviceConfig:
 # NOTE: a mixed graph's attention launches a program per KV head for every sequence slot it was captured
 # with, used or not (the spare ones exit at once): a bound on that waste.
 MAX_MIXED_GRAPH_SEQS = 256
-# Steps of up to this many tokens project through kernels/gemv.py by default. Up to 16 rows its tiles beat
-# cuBLAS plus the separate norm and activation kernels on every Llama-2-7B and Llama-3-8B projection; at 32
-# the kernels alone are even (8B) or slower (7B q/k/v, down), but the whole decode steps of 17-32 sequences
-# ran 2-4% (7B) and 4.5-5% (8B) faster with the tiles, the norms and activation folded in (H200,
-# BENCHMARKS.md "Decode steps of 17-32 sequences through the tiles").
-FUSED_GEMV_ROWS = 32
+# Steps of up to this many tokens project through kernels/gemv.py by default: up to 16 rows its tiles beat
+# cuBLAS plus the separate norm and activation kernels on every Llama-2-7B and Llama-3-8B projection
+# (H200, BENCHMARKS.md "Small decode batches through the tensor-core tiles"). NOTE: 32 made whole decode
+# steps of 17-32 sequences 2-5% faster (+0.5% Llama-3-8B offline) but a cold start ~8 s slower (the 32-row
+# tiles' compiles and tuning: 31.2-31.5 s against 23.2 s, one H200), so the default stays 16 (BENCHMARKS.md
+# "Decode steps of 17-32 sequences through the tiles").
+FUSED_GEMV_ROWS = 16
 
 
 @dataclass(frozen=True)
