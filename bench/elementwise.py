@@ -21,7 +21,7 @@ import triton
 import triton.testing
 
 from bento_pagedllm.kernels import activation, rms_norm
-from single_stream import copy_bandwidth
+from single_stream import copy_bandwidth, device_facts, save
 
 # (name, width): the intermediate size of the SiLU-and-multiply, the hidden size of the norm
 ACTIVATIONS = [("llama2-7b silu_and_mul", 11008), ("llama3-8b silu_and_mul", 14336)]
@@ -90,11 +90,7 @@ def main() -> None:
         for name, hidden in NORMS:
             rows.append(measure_norm(name, hidden, m))
             print(json.dumps(rows[-1]), flush=True)
-    result = {"copy_bandwidth_tbs": bandwidth / 1e12, "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": triton.__version__, "rows": rows}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+    save({**device_facts(bandwidth), "rows": rows}, args.out)
 
 
 if __name__ == "__main__":

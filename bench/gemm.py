@@ -34,7 +34,7 @@ import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from bento_pagedllm.kernels.activation import silu_and_mul, silu_and_mul_tile
-from single_stream import copy_bandwidth
+from single_stream import copy_bandwidth, device_facts, save
 
 SHAPES = [  # (name, N, K): y = x W^T, W [N, K]
     ("llama2-7b qkv", 12288, 4096), ("llama2-7b o", 4096, 4096), ("llama2-7b gate_up", 22016, 4096),
@@ -49,6 +49,15 @@ CONFIGS = [(128, 128, 64, 4, 8), (128, 256, 64, 3, 8), (64, 128, 64, 5, 4), (64,
 
 
 @triton.jit
+def _tile_position(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """The (row block, column block) of output tile `tile`: GROUP_M row blocks at a time, for L2."""
+    group = tile // (GROUP_M * num_n)
+    first_m = group * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (tile % group_rows), (tile % (GROUP_M * num_n)) // group_rows
+
+
+@triton.jit
 def _persistent_matmul_kernel(x_desc, w_desc, y_desc, M, N, K, NUM_SMS: tl.constexpr, BLOCK_M: tl.constexpr,
                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """y = x W^T. Each program walks the output tiles NUM_SMS apart (the loop flattened, so the next tile's
@@ -56,11 +65,7 @@ def _persistent_matmul_kernel(x_desc, w_desc, y_desc, M, N, K, NUM_SMS: tl.const
     num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
-        group = tile // (GROUP_M * num_n)
-        first_m = group * GROUP_M
-        group_rows = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % group_rows)
-        pid_n = (tile % (GROUP_M * num_n)) // group_rows
+        pid_m, pid_n = _tile_position(tile, num_m, num_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(k_tiles):
             x = x_desc.load([pid_m * BLOCK_M, kk * BLOCK_K])  # [BLOCK_M, BLOCK_K]
@@ -77,11 +82,7 @@ def _persistent_swiglu_kernel(x_desc, w_desc, y_desc, M, N, K, NUM_SMS: tl.const
     num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
-        group = tile // (GROUP_M * num_n)
-        first_m = group * GROUP_M
-        group_rows = tl.minimum(num_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % group_rows)
-        pid_n = (tile % (GROUP_M * num_n)) // group_rows
+        pid_m, pid_n = _tile_position(tile, num_m, num_n, GROUP_M)
         gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kk in range(k_tiles):
@@ -99,16 +100,7 @@ SWIGLU_CONFIGS = [(128, 128, 64, 3, 8), (128, 128, 64, 4, 8), (128, 64, 64, 4, 4
 
 
 def triton_swiglu(x: torch.Tensor, w: torch.Tensor, config: tuple, out: torch.Tensor) -> torch.Tensor:
-    block_m, block_n, block_k, stages, warps = config
-    m, k = x.shape
-    n = w.shape[0] // 2
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    _persistent_swiglu_kernel[(min(sms, tiles),)](
-        TensorDescriptor.from_tensor(x, [block_m, block_k]), TensorDescriptor.from_tensor(w, [block_n, block_k]),
-        TensorDescriptor.from_tensor(out, [block_m, block_n]), m, n, k, NUM_SMS=sms, BLOCK_M=block_m,
-        BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, num_stages=stages, num_warps=warps)
-    return out
+    return _launch_persistent(_persistent_swiglu_kernel, x, w, w.shape[0] // 2, config, out)
 
 
 def measure_swiglu(name: str, n2: int, k: int, m: int, w: torch.Tensor) -> dict:
@@ -122,35 +114,48 @@ def measure_swiglu(name: str, n2: int, k: int, m: int, w: torch.Tensor) -> dict:
     row["cublas_then_silu_us"], row["cublas_then_silu_tflops"] = us, flops / us / 1e6
     us = timed_us(lambda w: torch.nn.functional.linear(x, w), [w])
     row["cublas_only_us"], row["cublas_only_tflops"] = us, flops / us / 1e6
-    best = None
-    for config in SWIGLU_CONFIGS:
-        try:
-            got = triton_swiglu(x, w, config, out).float()
-            error = ((got - ref).abs().max() / ref.abs().max()).item()
-            us = timed_us(lambda w: triton_swiglu(x, w, config, out), [w])
-        except Exception as e:  # noqa: BLE001 (a configuration that does not fit: shared memory)
-            print(f"  {name} rows {m} {config}: {type(e).__name__}", flush=True)
-            continue
-        print(f"  {name} rows {m} {config}: {us:.1f} us, max rel error {error:.2e}", flush=True)
-        if best is None or us < best[0]:
-            best = (us, config, error)
-    if best:
-        row["triton_swiglu_us"], row["triton_swiglu_tflops"] = best[0], flops / best[0] / 1e6
-        row["triton_swiglu_config"], row["triton_swiglu_max_rel_error"] = list(best[1]), best[2]
+    row.update(best_triton("triton_swiglu", SWIGLU_CONFIGS, lambda w, c: triton_swiglu(x, w, c, out), ref, [w],
+                           flops))
     return row
 
 
 def triton_matmul(x: torch.Tensor, w: torch.Tensor, config: tuple, out: torch.Tensor) -> torch.Tensor:
+    return _launch_persistent(_persistent_matmul_kernel, x, w, w.shape[0], config, out)
+
+
+def _launch_persistent(kernel, x: torch.Tensor, w: torch.Tensor, n: int, config: tuple, out: torch.Tensor):
+    """One program per multiprocessor (at most one per output tile); n: the output's columns."""
     block_m, block_n, block_k, stages, warps = config
     m, k = x.shape
-    n = w.shape[0]
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
     tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    _persistent_matmul_kernel[(min(sms, tiles),)](
+    kernel[(min(sms, tiles),)](
         TensorDescriptor.from_tensor(x, [block_m, block_k]), TensorDescriptor.from_tensor(w, [block_n, block_k]),
         TensorDescriptor.from_tensor(out, [block_m, block_n]), m, n, k, NUM_SMS=sms, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, num_stages=stages, num_warps=warps)
     return out
+
+
+def best_triton(label: str, configs: list[tuple], launch, ref: torch.Tensor, copies: list[torch.Tensor],
+                flops: int) -> dict:
+    """The fastest configuration of `launch(w, config)` over `copies`, its error against `ref`, as
+    {label}_us, _tflops, _config, _max_rel_error (nothing when none ran)."""
+    best = None
+    for config in configs:
+        try:
+            got = launch(copies[0], config).float()
+            error = ((got - ref).abs().max() / ref.abs().max()).item()
+            us = timed_us(lambda w: launch(w, config), copies)
+        except Exception as e:  # noqa: BLE001 (a configuration that does not fit: shared memory)
+            print(f"  {label} {config}: {type(e).__name__}", flush=True)
+            continue
+        print(f"  {label} {config}: {us:.1f} us, max rel error {error:.2e}", flush=True)
+        if best is None or us < best[0]:
+            best = (us, config, error)
+    if best is None:
+        return {}
+    return {f"{label}_us": best[0], f"{label}_tflops": flops / best[0] / 1e6, f"{label}_config": list(best[1]),
+            f"{label}_max_rel_error": best[2]}
 
 
 def timed_us(fn, copies) -> float:
@@ -168,20 +173,7 @@ def measure(name: str, n: int, k: int, m: int, copies: list[torch.Tensor]) -> di
         us = timed_us(lambda w: torch.nn.functional.linear(x, w), copies)
         row[f"{library}_us"], row[f"{library}_tflops"] = us, flops / us / 1e6
     torch.backends.cuda.preferred_blas_library("cublas")
-    best = None
-    for config in CONFIGS:
-        try:
-            got = triton_matmul(x, copies[0], config, out).float()
-            error = ((got - ref).abs().max() / ref.abs().max()).item()
-            us = timed_us(lambda w: triton_matmul(x, w, config, out), copies)
-        except Exception as e:  # noqa: BLE001 (a configuration that does not fit: shared memory)
-            print(f"  {name} rows {m} {config}: {type(e).__name__}", flush=True)
-            continue
-        if best is None or us < best[0]:
-            best = (us, config, error)
-    if best:
-        row["triton_us"], row["triton_tflops"] = best[0], flops / best[0] / 1e6
-        row["triton_config"], row["triton_max_rel_error"] = list(best[1]), best[2]
+    row.update(best_triton("triton", CONFIGS, lambda w, c: triton_matmul(x, w, c, out), ref, copies, flops))
     return row
 
 
@@ -212,11 +204,7 @@ def main() -> None:
             rows.append(measure(name, n, k, m, copies if m <= 4096 else copies[:1]))
             print(json.dumps(rows[-1]), flush=True)
         del w, copies
-    result = {"copy_bandwidth_tbs": bandwidth / 1e12, "gpu": torch.cuda.get_device_name(),
-              "torch": torch.__version__, "triton": triton.__version__, "rows": rows}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
+    save({**device_facts(bandwidth), "rows": rows}, args.out)
 
 
 if __name__ == "__main__":

@@ -198,6 +198,14 @@ def main() -> None:
     save(results, args.out)
 
 
+def device_facts(bandwidth: float) -> dict:
+    """The machine a kernel benchmark ran on, for its JSON."""
+    import triton
+
+    return {"copy_bandwidth_tbs": bandwidth / 1e12, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "triton": triton.__version__}
+
+
 def save(results: dict, out: str | None) -> None:
     if out:
         os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
