@@ -17,6 +17,13 @@ R=bench/data/requests.jsonl
 BIG="--max-num-seqs 512 --max-num-batched-tokens 8192 --max-graph-batch 512"
 run() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
   timeout "$limit" "$@" > "$out/$name.log" 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s" | tee -a "$out/session.log"; }
+# each_variant FN: FN N EXPORT ROWS PYTHONPATH for each EXPORT:ROWS of VARIANTS, in order and then reversed
+each_variant() { local n=0 v e rows; for v in $VARIANTS $(echo $VARIANTS | tr ' ' '\n' | tac | tr '\n' ' '); do
+  n=$((n + 1)); e=${v%%:*}; rows=${v##*:}; "$1" $n $e $rows "$([ $e = head ] || echo "$PWD/ab/$e:")$PYTHONPATH"; done; }
+offline_variant() { local shape settings; for shape in ${SHAPES:-llama3-8b}; do
+  settings=$([ $shape = llama3-8b ] && echo "--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512" || echo "$BIG")
+  PYTHONPATH=$4 run serve_offline_${shape}_$1_$2_rows$3 90 $PY bench/serve.py --mode offline --shape $shape --requests $R --dtype bfloat16 $settings --fused-gemv-rows $3 --out "$out/serve_offline_${shape}_$1_$2_rows$3.json"; done; }
+startup_variant() { PYTHONPATH=$4 TRITON_CACHE_DIR=$(mktemp -d) run startup_$1_$2_rows$3 120 $PY bench/single_stream.py --models llama2-7b --peers none --runs 1 --fused-gemv-rows $3 --out "$out/startup_$1_$2_rows$3.json"; }
 case $part in
   throughput)
     run serve_offline_llama2-7b 110 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
@@ -282,10 +289,12 @@ case $part in
     # --fused-gemv-rows), in the given order and then reversed, in one call; TESTS=1: the GPU projection and
     # engine tests first
     [ -n "${TESTS:-}" ] && run gpu_tests 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py -k "projections or bfloat16 or float32_greedy"
-    n=0; for v in $VARIANTS $(echo $VARIANTS | tr ' ' '\n' | tac | tr '\n' ' '); do n=$((n + 1)); e=${v%%:*}; rows=${v##*:}
-      for shape in ${SHAPES:-llama3-8b}; do
-        settings=$([ $shape = llama3-8b ] && echo "--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512" || echo "$BIG")
-        PYTHONPATH=$([ $e = head ] || echo "$PWD/ab/$e:")$PYTHONPATH run serve_offline_${shape}_${n}_${e}_rows$rows 90 $PY bench/serve.py --mode offline --shape $shape --requests $R --dtype bfloat16 $settings --fused-gemv-rows $rows --out "$out/serve_offline_${shape}_${n}_${e}_rows$rows.json"; done; done
+    each_variant offline_variant
+    ;;
+  startup_variants)
+    # issue 4's start-up, cold: Llama-2-7B single stream for each of VARIANTS (EXPORT:ROWS, as
+    # offline_variants), in the given order and then reversed, each with an empty Triton cache
+    each_variant startup_variant
     ;;
   gemm)
     # issue 5: the GEMMs of big decode steps and prefill, cuBLAS (as the model calls it), cuBLASLt and a
