@@ -66,12 +66,20 @@ def _persistent_matmul_kernel(x_desc, w_desc, y_desc, M, N, K, NUM_SMS: tl.const
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
         pid_m, pid_n = _tile_position(tile, num_m, num_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(k_tiles):
-            x = x_desc.load([pid_m * BLOCK_M, kk * BLOCK_K])  # [BLOCK_M, BLOCK_K]
-            w = w_desc.load([pid_n * BLOCK_N, kk * BLOCK_K])  # [BLOCK_N, BLOCK_K]
-            acc = tl.dot(x, w.T, acc)
+        acc = _tile_product(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
         y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(y_desc.dtype))
+
+
+@triton.jit
+def _tile_product(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """x's row block pid_m times W's row block pid_n, transposed: [BLOCK_M, BLOCK_N] float32."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(k_tiles):
+        x = x_desc.load([pid_m * BLOCK_M, kk * BLOCK_K])  # [BLOCK_M, BLOCK_K]
+        w = w_desc.load([pid_n * BLOCK_N, kk * BLOCK_K])  # [BLOCK_N, BLOCK_K]
+        acc = tl.dot(x, w.T, acc)
+    return acc
 
 
 @triton.jit
@@ -107,10 +115,7 @@ def _persistent_interleaved_swiglu_kernel(x_desc, w_desc, y_desc, M, N, K, NUM_S
     k_tiles = tl.cdiv(K, BLOCK_K)
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
         pid_m, pid_n = _tile_position(tile, num_m, num_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(k_tiles):
-            x = x_desc.load([pid_m * BLOCK_M, kk * BLOCK_K])  # [BLOCK_M, BLOCK_K]
-            acc = tl.dot(x, w_desc.load([pid_n * BLOCK_N, kk * BLOCK_K]).T, acc)
+        acc = _tile_product(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
         gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))  # [BLOCK_M, HALF] each
         dtype = y_desc.dtype
         y_desc.store([pid_m * BLOCK_M, pid_n * HALF],
