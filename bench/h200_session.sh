@@ -271,17 +271,12 @@ case $part in
       [ -n "${OFFLINE7B:-}" ] && PYTHONPATH=$P run serve_offline_llama2-7b_${n}_$v 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_${n}_$v.json"; done
     ;;
   startup_ab)
-    # issue 4's start-up, cold: Llama-2-7B single stream from HEAD and each export in AB, in ABBA order, each
-    # with an empty Triton cache (every kernel compiled and tuned, as on a fresh machine)
-    order="head ${AB:-} $(echo ${AB:-} | tr ' ' '\n' | tac | tr '\n' ' ') head"
-    n=0; for v in $order; do n=$((n + 1)); P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
-      PYTHONPATH=$P TRITON_CACHE_DIR=$(mktemp -d) run startup_${n}_$v 120 $PY bench/single_stream.py --models llama2-7b --peers none --runs 1 --out "$out/startup_${n}_$v.json"; done
+    # issue 4's start-up, cold: startup_variants for HEAD and each export in AB, at the default 16 rows
+    VARIANTS="head:16 $(for v in ${AB:-}; do echo -n "$v:16 "; done)" each_variant startup_variant
     ;;
   rows32_ab)
     # issue 5: Llama-3-8B offline with the fused tiles up to 32 rows against 16 (the default), ABBA in one call
-    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
-    n=0; for rows in 32 16 16 32; do n=$((n + 1))
-      run serve_offline_llama3-8b_${n}_rows$rows 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_${n}_rows$rows.json"; done
+    VARIANTS="head:32 head:16" each_variant offline_variant
     ;;
   offline_variants)
     # issue 5: offline runs of SHAPES (default llama3-8b; each with its batch settings of the figures of

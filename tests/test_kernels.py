@@ -11,16 +11,16 @@ import pytest
 import torch
 from kernel_cases import (  # NOTE: conftest.py sets TRITON_INTERPRET=1 first when there is no CUDA
     attention_cases,
+    check_argmax,
     check_backends_agree,
     check_decode,
+    check_fill_pending_ids,
     check_gemv,
     check_model_with_fused_projections,
     check_padded_mixed_step,
     check_prefill,
     check_rms_norm,
     check_rotary_and_store_kv,
-    check_argmax,
-    check_fill_pending_ids,
     check_silu_and_mul,
     decode_case,
     prefill_case,
