@@ -283,7 +283,7 @@ case $part in
     # record) for each of VARIANTS (EXPORT:ROWS; EXPORT head = the tree, else ab/EXPORT; ROWS the
     # --fused-gemv-rows), in the given order and then reversed, in one call; TESTS=1: the GPU projection and
     # engine tests first
-    [ -n "${TESTS:-}" ] && run gpu_tests 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py -k "projections or bfloat16 or float32_greedy"
+    [ -n "${TESTS:-}" ] && run gpu_tests 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py -k "${TESTK:-projections or bfloat16 or float32_greedy}"
     each_variant offline_variant
     ;;
   startup_variants)

@@ -203,9 +203,10 @@ MAX_MIXED_GRAPH_SEQS = 256
 # Steps of up to this many tokens project through kernels/gemv.py by default: up to 16 rows its tiles beat
 # cuBLAS plus the separate norm and activation kernels on every Llama-2-7B and Llama-3-8B projection
 # (H200, BENCHMARKS.md "Small decode batches through the tensor-core tiles"). NOTE: 32 made whole decode
-# steps of 17-32 sequences 2-5% faster (+0.5% Llama-3-8B offline) but a cold start ~8 s slower (the 32-row
-# tiles' compiles and tuning: 31.2-31.5 s against 23.2 s, one H200), so the default stays 16 (BENCHMARKS.md
-# "Decode steps of 17-32 sequences through the tiles").
+# steps of 17-32 sequences 2-5% faster (+0.2-0.5% Llama-3-8B offline) but a cold start 3-8 s slower (the
+# 32-row tiles' compiles and tuning: 29.5-34.1 s against 23.5-26.9 s with every tile compiled in one pool,
+# H200), so the default stays 16 (BENCHMARKS.md "Decode steps of 17-32 sequences through the tiles", "Start-up:
+# every row tile's configurations in one pool").
 FUSED_GEMV_ROWS = 16
 
 

@@ -209,26 +209,56 @@ def test_the_decode_split_count_stays_within_its_limits():
     assert choose_num_splits(4096, 1, 32, 8, cpu) == 16 and choose_num_splits(1024, 8, 32, 8, cpu) == 9
 
 
-def test_projection_configurations_compile_ahead_each_with_its_launch_options():
-    """gemv.compile_configs_ahead: every configuration the autotuner will time is compiled once, with the
-    launch's arguments and flags and the configuration's own options (the key its launch looks up)."""
+def test_a_projection_compiles_every_row_tile_it_will_use_at_its_first_call(monkeypatch):
+    """gemv's autotuned path: the first call of a projection compiles, in threads, every configuration of
+    every row tile its caller names (`row_tiles`), each with the call's arguments and exactly the flags and
+    options the autotuner's later launch of that tile passes (the key it looks up); later calls compile
+    nothing; only the kernel's first compile on a device runs alone."""
     import threading
-
-    import triton
 
     from bento_pagedllm.kernels import gemv
 
-    calls, lock = [], threading.Lock()
+    warmups, launches, lock = [], [], threading.Lock()
 
     class Kernel:
         def warmup(self, *args, grid, **kwargs):
             with lock:
-                calls.append((args, grid, kwargs))
+                warmups.append((threading.get_ident(), args[7:], grid, kwargs))  # args[7:]: M, N, K, stride, eps
 
-    configs = gemv._prune(gemv._row_configs(), {"K": 576})
-    flags = dict(RMS_NORM=True, USE_PDL=True, launch_pdl=True)
-    gemv.compile_configs_ahead(Kernel(), configs, ("x", "w", 7), flags, threads=3)
-    assert len(calls) == len(configs) and all(args == ("x", "w", 7) and grid == (1,) for args, grid, _ in calls)
-    expected = sorted(str({**flags, **c.all_kwargs()}) for c in configs)
-    assert sorted(str(kwargs) for _, _, kwargs in calls) == expected
-    assert all(c.kwargs["BLOCK_K"] <= 1024 for c in configs) and isinstance(configs[0], triton.Config)
+    class Tuned:
+        def __init__(self, configs):
+            self.configs = configs
+
+        def __getitem__(self, grid):
+            return lambda *args, **flags: launches.append(flags)
+
+    monkeypatch.setattr(gemv, "INTERPRETER_CONFIGS", None)
+    monkeypatch.setattr(gemv, "_gemv_kernel", Kernel())
+    monkeypatch.setattr(gemv, "_tuned_one_row", Tuned(gemv._row_configs()))
+    monkeypatch.setattr(gemv, "_tuned_rows", Tuned(gemv._tile_configs()))
+    monkeypatch.setattr(gemv, "_compiled_ahead", set())
+    monkeypatch.setattr(gemv, "_kernels_set_up", set())
+    hidden, inter = 576, 96
+    norm_weight, gate_up = torch.ones(hidden), torch.randn(2 * inter, hidden)
+    for rows in (1, 5, 20, 3):
+        gemv.add_rms_norm_gemv(torch.randn(rows, hidden), None, norm_weight, 1e-5, gate_up, swiglu=True, pdl=True,
+                               row_tiles=(1, 16, 32))
+        if rows == 1:  # everything compiled at the first call, with its arguments (M = 1)
+            assert {args for _, args, _, _ in warmups} == {(1, inter, hidden, hidden, 1e-5)}
+            assert {grid for _, _, grid, _ in warmups} == {(1,)}
+    row_configs, tile_configs = (gemv._prune(c, {"K": hidden}) for c in (gemv._row_configs(), gemv._tile_configs()))
+    assert len(warmups) == len(row_configs) + 2 * len(tile_configs)  # each once, nothing at the later calls
+    # each launch's flags are those its tile's configurations were compiled with
+    assert [flags["BLOCK_M"] for flags in launches] == [1, 16, 32, 16]
+    for flags in launches:
+        configs = row_configs if flags["BLOCK_M"] == 1 else tile_configs
+        compiled = sorted(str(kwargs) for _, _, _, kwargs in warmups if kwargs["BLOCK_M"] == flags["BLOCK_M"])
+        assert compiled == sorted(str({**flags, **c.all_kwargs()}) for c in configs)
+    assert launches[0]["launch_pdl"] and not any(flags["launch_pdl"] for flags in launches[1:])
+    main = threading.get_ident()
+    assert warmups[0][0] == main  # NOTE: the first compile alone, on the caller's thread
+    # a second projection: no compile alone any more (the kernel's device cache exists)
+    warmups.clear()
+    gemv.gemv(torch.randn(1, hidden), torch.randn(64, hidden), pdl=True, row_tiles=(1, 16))
+    assert len(warmups) == len(row_configs) + len(tile_configs)
+    assert all(thread != main for thread, _, _, _ in warmups)

@@ -197,7 +197,7 @@ def _quick_bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
-def _tuner(configs: list[triton.Config]):
+def _autotuned(configs: list[triton.Config]):
     """NOTE: tuned per row tile (BLOCK_M: 1, 16, 32 or 64) too: a decode graph's batch picks its tile."""
     return triton.autotune(
         configs=configs,
@@ -206,29 +206,43 @@ def _tuner(configs: list[triton.Config]):
     )(_gemv_kernel)
 
 
-_tuned_one_row, _tuned_rows = _tuner(_row_configs()), _tuner(_tile_configs())
+_tuned_one_row, _tuned_rows = _autotuned(_row_configs()), _autotuned(_tile_configs())
+
+
+def _tuner(block_m: int):
+    """The autotuned kernel of a row tile: CUDA cores for one row, tensor cores for more."""
+    return _tuned_one_row if block_m == 1 else _tuned_rows
+
+
 # the kernel variants (shapes, flags, dtypes) whose configurations were compiled ahead of their autotuning
 _compiled_ahead: set[tuple] = set()
-COMPILE_THREADS = min(8, os.cpu_count() or 1)
+# (kernel, device) pairs with a first compile done: their per-device caches exist
+_kernels_set_up: set[tuple] = set()
+COMPILE_THREADS = min(16, os.cpu_count() or 1)
 
 
-def compile_configs_ahead(kernel, configs: list[triton.Config], args: tuple, flags: dict,
+def compile_configs_ahead(kernel, launches: list[dict], args: tuple, device: torch.device,
                           threads: int = COMPILE_THREADS) -> None:
-    """Compile `kernel` for every configuration, in `threads` threads, without launching it.
+    """Compile `kernel` for each of `launches` (a variant's flags with one configuration's options), in
+    `threads` threads, without launching it.
 
     Why: the autotuner compiles a configuration when it first times it, one after another; on a fresh
     H200 a Llama-2-7B start-up spent ~24 s compiling (31.6 s cold against 7.7 s with Triton's cache
-    warm, 2026-12-01), close to the 35 s it may take. Compiling runs LLVM and ptxas outside the GIL, so
-    threads overlap most of it. NOTE: each compile takes the launch's own arguments and options, so it lands
-    under the key the autotuner's launch looks up, and that launch finds it compiled."""
-    if not configs:
-        return
-    # NOTE: the first alone: it sets up the kernel's per-device cache the threads then share
-    kernel.warmup(*args, grid=(1,), **flags, **configs[0].all_kwargs())
+    warm, 2026-12-01), close to the 35 s it may take; in threads it started cold in 22-26 s, and with
+    every row tile's configurations in one pool (the caller's `row_tiles`, up to 16 threads) in 23.5 s
+    where the variant-by-variant pools took 26.7 s (bench/results/h200-2026-12-01t). Compiling runs LLVM
+    and ptxas outside the GIL, so threads overlap most of it. NOTE: each compile takes the
+    launch's own arguments and options, so it lands under the key the autotuner's launch looks up, and
+    that launch finds it compiled."""
+    launches = list(launches)
+    if launches and (kernel, device) not in _kernels_set_up:
+        # NOTE: the kernel's first compile on a device alone: it sets up the per-device cache the threads share
+        kernel.warmup(*args, grid=(1,), **launches.pop(0))
+        _kernels_set_up.add((kernel, device))
     with ThreadPoolExecutor(max_workers=threads) as pool:
-        for future in [pool.submit(kernel.warmup, *args, grid=(1,), **flags, **config.all_kwargs())
-                       for config in configs[1:]]:
+        for future in [pool.submit(kernel.warmup, *args, grid=(1,), **launch) for launch in launches]:
             future.result()
+
 
 MAX_ROWS = 64  # NOTE: TritonOps sends more rows to cuBLAS; bench/gemv.py measures the crossover
 
@@ -244,9 +258,18 @@ def row_tile(num_rows: int) -> int:
     return 1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows))
 
 
+def _flags(residual, norm_weight, swiglu: bool, addend, pdl: bool, block_m: int) -> dict:
+    """The kernel's flags and launch options for a row tile of a projection."""
+    pdl = pdl and block_m == 1  # NOTE: the tiles ran slower so (SwiGLU: 16 rows, 7B: 59 against 46 us; others +1.5%)
+    return dict(ADD_RESIDUAL=residual is not None, RMS_NORM=norm_weight is not None, SWIGLU=swiglu,
+                ADD_TO_OUTPUT=addend is not None, USE_PDL=pdl, BLOCK_M=block_m,
+                launch_pdl=pdl, enable_fp_fusion=False)  # NOTE: keep each rounding torch does
+
+
 def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, swiglu=False, addend=None, pdl=False,
-            config=None):
-    """x: [M, K], weight: [N, K] ([2N, K] with swiglu) -> ([M, N], x + residual or None)."""
+            config=None, row_tiles=()):
+    """x: [M, K], weight: [N, K] ([2N, K] with swiglu) -> ([M, N], x + residual or None). `row_tiles`: the
+    other row tiles the caller launches this projection with: compiled ahead with this call's."""
     n, k = weight.shape
     n = n // 2 if swiglu else n
     m = x.shape[0]
@@ -259,42 +282,47 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, swiglu=False, a
     if m == 0:
         return out, (total if residual is not None else None)
     block_m = row_tile(m)
-    pdl = pdl and block_m == 1  # NOTE: the tiles' SwiGLU ran slower so (16 rows, 7B: 59 against 46 us)
     args = (x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
             weight, addend if addend is not None else x, out, total, m, n, k, weight.stride(0), eps)
-    flags = dict(ADD_RESIDUAL=residual is not None, RMS_NORM=norm_weight is not None, SWIGLU=swiglu,
-                 ADD_TO_OUTPUT=addend is not None, USE_PDL=pdl, BLOCK_M=block_m,
-                 launch_pdl=pdl, enable_fp_fusion=False)  # NOTE: keep each rounding torch does
+    flags = _flags(residual, norm_weight, swiglu, addend, pdl, block_m)
     config = config or (INTERPRETER_CONFIGS and INTERPRETER_CONFIGS[block_m > 1])
     if config is None:
-        tuned = _tuned_one_row if block_m == 1 else _tuned_rows
-        variant = (n, k, x.dtype, weight.dtype, tuple(sorted(flags.items())))
-        if variant not in _compiled_ahead:  # NOTE: before the autotuner's first, serial, pass over its configs
-            _compiled_ahead.add(variant)
-            compile_configs_ahead(_gemv_kernel, _prune(tuned.configs, {"K": k}), args, flags)
-        tuned[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
+        # NOTE: before the autotuner's first, serial, pass over its configs: every configuration of every
+        # row tile not yet compiled, in one pool (M is not specialised: one call's arguments serve them all)
+        launches = []
+        for tile in sorted({block_m, *row_tiles}):
+            tile_flags = _flags(residual, norm_weight, swiglu, addend, pdl, tile)
+            variant = (n, k, x.dtype, weight.dtype, tuple(sorted(tile_flags.items())))
+            if variant not in _compiled_ahead:
+                _compiled_ahead.add(variant)
+                launches += [{**tile_flags, **c.all_kwargs()} for c in _prune(_tuner(tile).configs, {"K": k})]
+        compile_configs_ahead(_gemv_kernel, launches, args, x.device)
+        _tuner(block_m)[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
     else:
         _gemv_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](*args, **flags, **config)
     return out, (total if residual is not None else None)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = None, pdl: bool = False,
-         config: dict | None = None) -> torch.Tensor:
+         config: dict | None = None, row_tiles: tuple[int, ...] = ()) -> torch.Tensor:
     """x: [M, K], weight: [N, K] -> x @ weight.T (+ addend), [M, N]. `config` fixes the tiles (tests).
-    `pdl`: launch as a programmatic dependent of the kernel before (CUDA, compute capability 9+)."""
-    return _launch(x, weight, addend=addend, pdl=pdl, config=config)[0]
+    `pdl`: launch as a programmatic dependent of the kernel before (CUDA, compute capability 9+).
+    `row_tiles`: the row tiles (`row_tile`) the caller will launch this projection with: on the first
+    call their autotuning configurations are compiled together, in threads."""
+    return _launch(x, weight, addend=addend, pdl=pdl, config=config, row_tiles=row_tiles)[0]
 
 
 def add_rms_norm_gemv(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-    swiglu: bool = False, pdl: bool = False, config: dict | None = None,
+    swiglu: bool = False, pdl: bool = False, config: dict | None = None, row_tiles: tuple[int, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ weight.T, x + residual); with no residual, (rms_norm(x) @ weight.T, x).
 
     swiglu: weight is the fused [gate; up] matrix, [2N, K]; the first result is silu(gate) * up, [M, N]
     (the MLP's activation, so the down projection reads one plain vector)."""
     assert norm_weight.dtype == x.dtype, "the fused norm keeps the input dtype"
-    out, total = _launch(x, weight, residual, norm_weight, eps, swiglu=swiglu, pdl=pdl, config=config)
+    out, total = _launch(x, weight, residual, norm_weight, eps, swiglu=swiglu, pdl=pdl, config=config,
+                         row_tiles=row_tiles)
     return out, (x if residual is None else total)
 
 

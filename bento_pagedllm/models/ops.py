@@ -142,6 +142,8 @@ class TritonOps(ComposedOps):
         self._gemv = gemv
         self.fused_gemv_rows = fused_gemv_rows
         self.pdl = dependent_launch
+        # NOTE: every row tile a projection will run with, compiled together at its first call (kernels/gemv.py)
+        self._gemv_options = dict(pdl=dependent_launch, row_tiles=self.row_counts_to_tune())
 
     def row_counts_to_tune(self) -> tuple[int, ...]:
         """One row count per row tile of kernels/gemv.py up to `fused_gemv_rows` (1, 16, 32, 64)."""
@@ -153,13 +155,13 @@ class TritonOps(ComposedOps):
     def norm_and_project(self, x, residual, norm_weight, eps, linear):
         if not self._fused(x, linear.weight):
             return super().norm_and_project(x, residual, norm_weight, eps, linear)
-        out, residual = self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, linear.weight, pdl=self.pdl)
+        out, residual = self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, linear.weight, **self._gemv_options)
         return linear.reduce(out), residual
 
     def norm_and_matmul(self, x, residual, norm_weight, eps, weight):
         if not self._fused(x, weight):
             return super().norm_and_matmul(x, residual, norm_weight, eps, weight)
-        return self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, weight, pdl=self.pdl)
+        return self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, weight, **self._gemv_options)
 
     def norm_and_activate(self, x, residual, norm_weight, eps, gate_up):
         """NOTE: a rank's gate/up shard is its gate rows then the matching up rows (distributed/layers.py),
@@ -167,15 +169,15 @@ class TritonOps(ComposedOps):
         if not self._fused(x, gate_up.weight):
             return super().norm_and_activate(x, residual, norm_weight, eps, gate_up)
         return self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, gate_up.weight, swiglu=True,
-                                            pdl=self.pdl)
+                                            **self._gemv_options)
 
     def project(self, x, linear, residual):
         """The residual joins the projection's output in the kernel where no all-reduce comes between."""
         if not self._fused(x, linear.weight):
             return linear(x), residual
         if residual is not None and linear.parallel.size == 1:
-            return self._gemv.gemv(x, linear.weight, addend=residual, pdl=self.pdl), None
-        return linear.reduce(self._gemv.gemv(x, linear.weight, pdl=self.pdl)), residual
+            return self._gemv.gemv(x, linear.weight, addend=residual, **self._gemv_options), None
+        return linear.reduce(self._gemv.gemv(x, linear.weight, **self._gemv_options)), residual
 
     def add_rms_norm(self, x, residual, weight, eps):
         if residual is None:
