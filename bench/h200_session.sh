@@ -291,6 +291,11 @@ case $part in
     # offline_variants), in the given order and then reversed, each with an empty Triton cache
     each_variant startup_variant
     ;;
+  prefill_attention)
+    # issue 5: prefill attention alone on the offline workload's first steps, against one long prompt and
+    # torch's flash SDPA (bench/prefill_attention.py)
+    run prefill_attention 150 $PY bench/prefill_attention.py --shapes llama3-8b,llama2-7b --out "$out/prefill_attention.json"
+    ;;
   gemm)
     # issue 5: the GEMMs of big decode steps and prefill, cuBLAS (as the model calls it), cuBLASLt and a
     # persistent Triton GEMM, TFLOP/s per row count of the decode ladder (bench/gemm.py)

@@ -102,3 +102,13 @@ def test_a_traced_step_is_split_into_what_each_kernel_adds():
     assert result["layer_us"] == {"qkv": 20, "attention": 5, "o": 8, "gate_up": 40, "down": 21}
     assert result["a_layer_us"] == 94 and result["lm_head_us"] == 60
     assert result["before_us"] == 10 - 3 - 0 and result["after_us"] == 6
+
+
+def test_prefill_steps_pack_prompts_in_order_and_chunk_the_one_that_does_not_fit():
+    prefill_attention = _load("prefill_attention")
+    # budget 10: 4 + the first 6 of 8; then its last 2 (after a 6-token prefix) + 5 + the first 3 of 7; ...
+    assert prefill_attention.prefill_steps([4, 8, 5, 7], 10) == [
+        [(0, 4), (0, 6)], [(6, 2), (0, 5), (0, 3)], [(3, 4)]]
+    assert prefill_attention.prefill_steps([10], 10) == [[(0, 10)]]
+    # causal pairs: 3 new tokens after a prefix of 2 see 2 + 1, 2 + 2, 2 + 3 keys = 12
+    assert prefill_attention.causal_flops([(2, 3)], num_heads=1) == 4.0 * 12 * 128
