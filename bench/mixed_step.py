@@ -83,7 +83,8 @@ def profile_graph(runner, host: dict, path: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(5):
-            runner.graphs.run(host["input_ids"], host["positions"], host["slots"], host["seq_lens"], host["tables"])
+            runner.graphs.run(host["input_ids"], host["positions"], host["slots"], host["seq_lens"], host["tables"],
+                              [-1] * len(host["input_ids"]))
         torch.cuda.synchronize()
     with open(path, "w") as f:
         f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
@@ -124,8 +125,8 @@ def main() -> None:
             # the graphs replayed with the step's real inputs (the engine's path)
             if prompt == 0 and runner.graphs is not None and runner.graphs.fits(batch):
                 replay = time_forward(lambda: runner.graphs.run(
-                    host["input_ids"], host["positions"], host["slots"], host["seq_lens"], host["tables"]), (),
-                    args.runs)
+                    host["input_ids"], host["positions"], host["slots"], host["seq_lens"], host["tables"],
+                    [-1] * len(host["input_ids"])), (), args.runs)
                 row.update({f"graph_{k}": v for k, v in replay.items()})
                 if args.profile_dir:
                     profile_graph(runner, host, os.path.join(args.profile_dir, f"{args.shape}_b{batch}_c{args.context}.txt"))
