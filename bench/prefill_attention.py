@@ -25,10 +25,8 @@ import torch.nn.functional as F
 import triton.testing
 
 from bento_pagedllm.kernels.paged_prefill import paged_prefill_attention
-
-# (KV heads, query heads per KV head): the attention shapes of BENCHMARKS.md's models, head_dim 128
-SHAPES = {"llama2-7b": (32, 1), "llama3-8b": (8, 4)}
-HEAD_DIM, BLOCK_SIZE = 128, 16
+from decode_attention import BLOCK_SIZE, HEAD_DIM, SHAPES
+from single_stream import save
 
 
 def prefill_steps(prompt_lens: list[int], max_tokens: int) -> list[list[tuple[int, int]]]:
@@ -124,9 +122,7 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
         rows.append({"kind": "flash_sdpa_long_prompt", **measure_flash_sdpa(shape, args.long, device)})
         print(json.dumps(rows[-1]), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, f, indent=2)
+    save({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, args.out)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,11 @@ BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _load(name: str):
-    """A bench script by path (bench/ is not a package), leaving sys.path as it was."""
+    """A bench script by path (bench/ is not a package), with bench/ on sys.path as when it runs as a script
+    (its imports of the other scripts), leaving sys.path as it was."""
     saved = list(sys.path)
     try:
+        sys.path.insert(0, BENCH)
         spec = importlib.util.spec_from_file_location(f"bench_{name}", os.path.join(BENCH, f"{name}.py"))
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

@@ -235,7 +235,9 @@ def compile_configs_ahead(kernel, launches: list[dict], args: tuple, device: tor
     launch's own arguments and options, so it lands under the key the autotuner's launch looks up, and
     that launch finds it compiled."""
     launches = list(launches)
-    if launches and (kernel, device) not in _kernels_set_up:
+    if not launches:
+        return
+    if (kernel, device) not in _kernels_set_up:
         # NOTE: the kernel's first compile on a device alone: it sets up the per-device cache the threads share
         kernel.warmup(*args, grid=(1,), **launches.pop(0))
         _kernels_set_up.add((kernel, device))
@@ -287,16 +289,21 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, swiglu=False, a
     flags = _flags(residual, norm_weight, swiglu, addend, pdl, block_m)
     config = config or (INTERPRETER_CONFIGS and INTERPRETER_CONFIGS[block_m > 1])
     if config is None:
-        # NOTE: before the autotuner's first, serial, pass over its configs: every configuration of every
-        # row tile not yet compiled, in one pool (M is not specialised: one call's arguments serve them all)
-        launches = []
-        for tile in sorted({block_m, *row_tiles}):
-            tile_flags = _flags(residual, norm_weight, swiglu, addend, pdl, tile)
-            variant = (n, k, x.dtype, weight.dtype, tuple(sorted(tile_flags.items())))
-            if variant not in _compiled_ahead:
-                _compiled_ahead.add(variant)
-                launches += [{**tile_flags, **c.all_kwargs()} for c in _prune(_tuner(tile).configs, {"K": k})]
-        compile_configs_ahead(_gemv_kernel, launches, args, x.device)
+        def variant(tile_flags: dict) -> tuple:
+            return n, k, x.dtype, weight.dtype, tuple(sorted(tile_flags.items()))
+
+        # NOTE: a projection's first call (its launching tile not yet compiled) compiles, before the
+        # autotuner's first, serial, pass over its configs, every configuration of every row tile not yet
+        # compiled, in one pool (M is not specialised: one call's arguments serve them all); later calls
+        # only look their tile up (the LM head runs outside the graphs, every step)
+        if variant(flags) not in _compiled_ahead:
+            launches = []
+            for tile in sorted({block_m, *row_tiles}):
+                tile_flags = _flags(residual, norm_weight, swiglu, addend, pdl, tile)
+                if variant(tile_flags) not in _compiled_ahead:
+                    _compiled_ahead.add(variant(tile_flags))
+                    launches += [{**tile_flags, **c.all_kwargs()} for c in _prune(_tuner(tile).configs, {"K": k})]
+            compile_configs_ahead(_gemv_kernel, launches, args, x.device)
         _tuner(block_m)[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
     else:
         _gemv_kernel[(triton.cdiv(n, config["BLOCK_N"]),)](*args, **flags, **config)
