@@ -133,7 +133,7 @@ def main() -> None:
             elif runner.mixed_graphs is not None and runner.mixed_graphs.fits(len(host["input_ids"]), batch + 1):
                 replay = time_forward(lambda: runner.mixed_graphs.run(
                     host["input_ids"], host["positions"], host["slots"], host["query_lens"], host["seq_lens"],
-                    host["tables"]), (), args.runs)
+                    host["tables"], [-1] * len(host["input_ids"])), (), args.runs)
                 row.update({f"graph_{k}": v for k, v in replay.items()})
             print(json.dumps(row), flush=True)
             rows.append(row)

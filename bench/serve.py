@@ -138,7 +138,7 @@ def run_offline(args, requests) -> dict:
                                  (engine.scheduler, "schedule", "schedule"), (engine.runner, "prepare", "prepare"),
                                  (engine.runner, "launch", "launch"), (engine.runner.model, "compute_logits", "logits"),
                                  (engine.scheduler, "update_computed", "update_computed"),
-                                 (engine.runner, "_pending_inputs", "pending_inputs"),
+                                 (engine.runner, "_device_inputs", "device_inputs"),
                                  (engine, "_output_or_failure", "outputs")]:
         host.watch(owner, method, label)
     if engine.runner.graphs is not None:

@@ -84,6 +84,16 @@ def mixed_token_ladder(max_tokens: int) -> list[int]:
     return list(range(32, max_tokens + 1, 32))
 
 
+def _model_step(model, inputs: "_StaticInputs", sampled: torch.Tensor, num_tokens: int, kv_caches,
+                metadata: AttentionMetadata) -> torch.Tensor:
+    """What a graph replays: the pending input ids filled in from `sampled` (the runner's buffer of the
+    step before's token ids), then the model over the first `num_tokens` tokens of the static inputs."""
+    from .kernels.tokens import fill_pending_ids
+
+    fill_pending_ids(inputs.input_ids[:num_tokens], inputs.pending_src[:num_tokens], sampled)
+    return model(inputs.input_ids[:num_tokens], inputs.positions[:num_tokens], kv_caches, metadata)
+
+
 def _capture(step, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """`step()`: the work the graph replays, returning its output."""
     for _ in range(2):  # warm-up: compiles the kernels, settles the allocator
@@ -142,7 +152,8 @@ class _StaticInputs:
 
 class DecodeGraphs:
     """`sampled`: the runner's buffer of the previous step's token ids ([rows] int64, written in place by
-    every step's sampling): a graph takes its pending inputs from it (`fill_pending_ids`, its first kernel)."""
+    every step's sampling): a graph takes its pending inputs from it (`fill_pending_ids`, its first kernel;
+    the mixed graphs likewise)."""
 
     def __init__(self, model, kv_caches, *, max_batch: int, max_model_len: int, block_size: int,
                  device: torch.device, sampled: torch.Tensor) -> None:
@@ -234,12 +245,7 @@ class DecodeGraphs:
                             size, sizes[j], replay_ms[j], replay_ms[i])
 
     def _step(self, batch: int, bound: int) -> torch.Tensor:
-        """What a graph replays: the pending input ids filled in, then the model."""
-        from .kernels.tokens import fill_pending_ids
-
-        fill_pending_ids(self.inputs.input_ids[:batch], self.inputs.pending_src[:batch], self.sampled)
-        return self.model(self.inputs.input_ids[:batch], self.inputs.positions[:batch], self.kv_caches,
-                          self._metadata(batch, bound))
+        return _model_step(self.model, self.inputs, self.sampled, batch, self.kv_caches, self._metadata(batch, bound))
 
     def fits(self, num_seqs: int) -> bool:
         return num_seqs <= self.sizes[-1]
@@ -268,8 +274,9 @@ class MixedGraphs:
     sequences) replayed from graphs of the varlen forward, one per token count of `mixed_token_ladder`."""
 
     def __init__(self, model, kv_caches, *, max_tokens: int, max_seqs: int, max_model_len: int, block_size: int,
-                 pool, device: torch.device) -> None:
+                 pool, device: torch.device, sampled: torch.Tensor) -> None:
         self.model = model
+        self.sampled = sampled  # NOTE: as DecodeGraphs'
         self.kv_caches = kv_caches
         self.sizes = mixed_token_ladder(max_tokens)
         self.max_seqs = max_seqs
@@ -279,7 +286,8 @@ class MixedGraphs:
         self.width = -(-max(max_model_len, top) // block_size)
         self.inputs = _StaticInputs(
             device, input_ids=((top,), 0, torch.int64), positions=((top,), 0, torch.int64),
-            slot_mapping=((top,), -1, torch.int64), query_start_loc=((self.slots + 1,), 0, torch.int32),
+            slot_mapping=((top,), -1, torch.int64), pending_src=((top,), -1, torch.int64),
+            query_start_loc=((self.slots + 1,), 0, torch.int32),
             seq_lens=((self.slots,), 0, torch.int32), block_tables=((self.slots, self.width), 0, torch.int32),
         )
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -309,10 +317,10 @@ class MixedGraphs:
         start = time.perf_counter()
         # a valid state to capture with: sequence 0 owns every token, writes nowhere (slot -1)
         for tokens in reversed(self.sizes):
-            self._fill([0] * tokens, [0] * tokens, [-1] * tokens, [tokens], [tokens], [[0]])
-            args = (self.inputs.input_ids[:tokens], self.inputs.positions[:tokens], self.kv_caches,
-                    self.metadata(tokens))
-            graph, out = _capture(functools.partial(self.model, *args), self.pool)
+            self._fill([0] * tokens, [0] * tokens, [-1] * tokens, [tokens], [tokens], [[0]], [-1] * tokens)
+            step = functools.partial(_model_step, self.model, self.inputs, self.sampled, tokens, self.kv_caches,
+                                     self.metadata(tokens))
+            graph, out = _capture(step, self.pool)
             self.pool = graph.pool()
             self.graphs[tokens] = (graph, out)
         torch.cuda.synchronize()
@@ -324,22 +332,23 @@ class MixedGraphs:
         return num_tokens <= self.sizes[-1] and num_seqs <= self.max_seqs
 
     def run(self, input_ids: list[int], positions: list[int], slot_mapping: list[int], query_lens: list[int],
-            seq_lens: list[int], block_tables: list[list[int]], pending=None) -> torch.Tensor:
-        """One mixed step: [num_tokens, hidden] (before the final norm) from the padded graph."""
+            seq_lens: list[int], block_tables: list[list[int]], pending_src: list[int]) -> torch.Tensor:
+        """One mixed step: [num_tokens, hidden] (before the final norm) from the padded graph.
+        `pending_src[i]`: the row of `sampled` that is input i's id, or -1 (the id is given)."""
         tokens = next(size for size in self.sizes if size >= len(input_ids))
-        self._fill(input_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, pad_to=tokens)
-        if pending is not None:
-            pending.apply(self.inputs.input_ids)
+        self._fill(input_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, pending_src, pad_to=tokens)
         graph, out = self.graphs[tokens]
         graph.replay()
         self.replays += 1
         return out[: len(input_ids)]
 
-    def _fill(self, input_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, pad_to=None) -> None:
+    def _fill(self, input_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, pending_src,
+              pad_to=None) -> None:
         padded = pad_mixed_step(input_ids, positions, slot_mapping, query_lens, seq_lens,
                                 num_tokens=pad_to or len(input_ids), num_slots=self.slots)
+        pad = len(padded["input_ids"]) - len(pending_src)
         # NOTE: the padding sequence's table row keeps whatever block ids it held: valid ones, only read
-        self.inputs.upload(block_tables, **padded)
+        self.inputs.upload(block_tables, pending_src=pending_src + [-1] * pad, **padded)
 
 
 def pad_mixed_step(input_ids: list[int], positions: list[int], slot_mapping: list[int], query_lens: list[int],

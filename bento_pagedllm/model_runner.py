@@ -93,10 +93,15 @@ class ModelRunner:
         logger.info("KV cache: %d blocks of %d tokens (%.1f MiB)", self.num_blocks, self.block_size,
                     self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
         self.eos_token_ids: tuple[int, ...] = tuple(configs.model.eos_token_id)  # the engine may add more
-        self._last_sampled: tuple[dict[int, int], torch.Tensor] | None = None  # (seq_id -> row, token ids)
+        self._last_sampled_rows: dict[int, int] = {}  # seq_id -> its row in the latest launch's samples
         # NOTE: every step's sampled ids land here (rows <= max_num_seqs: a request's n choices hold n
         # seats), so the decode graphs, which hold its address, read their pending inputs from it
         self.sampled_tokens = torch.zeros(configs.scheduler.max_num_seqs, dtype=torch.int64, device=self.device)
+        # NOTE: pending inputs always come from the latest launch's samples (the engine reads a step's tokens
+        # before it plans the step after next); the graphs fill them inside, an eager step before the model
+        from .kernels import tokens
+
+        self._fill_pending_ids = tokens.fill_pending_ids if self.device.type == "cuda" else tokens.fill_pending_ids_ref
         # set to [] to record every step's (start, end) CUDA events, path ("decode_graph", "mixed_graph" or
         # "eager"), sequences and tokens (bench/timeline.py reads them)
         self.timeline: list | None = None
@@ -135,7 +140,7 @@ class ModelRunner:
                 model, self.kv_caches, max_tokens=configs.cuda_graph_max_mixed_tokens,
                 max_seqs=configs.cuda_graph_max_mixed_seqs, max_model_len=configs.scheduler.max_model_len,
                 block_size=self.block_size, pool=self.graphs.pool if self.graphs is not None else None,
-                device=self.device,
+                device=self.device, sampled=self.sampled_tokens,
             )
             self.mixed_graphs.capture()
 
@@ -163,7 +168,7 @@ class ModelRunner:
         """
         host = self._host_inputs(plan)
         if host.pending_positions:
-            rows = self._last_sampled[0]
+            rows = self._last_sampled_rows
             host.pending_rows = [rows[seq_id] for seq_id in host.pending_seq_ids]
         host.block_copies = plan.block_copies
         host.num_sampling_rows = len(plan.sampling_rows)
@@ -184,26 +189,21 @@ class ModelRunner:
         for src, dst in host.block_copies:
             self.kv_cache[:, :, dst].copy_(self.kv_cache[:, :, src])
         path = "eager"
+        pending_src = host.pending_sources()
         if self.graphs is not None and host.all_decode and self.graphs.fits(num_seqs):
-            # NOTE: every decode computes logits, in plan order: the graph's rows are the logit rows; a
-            # decode step's input i is sequence i's, so pending positions are rows
+            # NOTE: every decode computes logits, in plan order: the graph's rows are the logit rows
             path = "decode_graph"
-            pending_src = [-1] * num_seqs
-            for position, row in zip(host.pending_positions, host.pending_rows):
-                pending_src[position] = row
             hidden = self.graphs.run(host.input_ids, host.positions, host.slots, host.seq_lens, host.tables,
                                      pending_src)
         elif self.mixed_graphs is not None and self.mixed_graphs.fits(len(host.input_ids), num_seqs):
-            pending = self._pending_inputs(host)
             path = "mixed_graph"
             hidden = self.mixed_graphs.run(host.input_ids, host.positions, host.slots, host.query_lens,
-                                           host.seq_lens, host.tables, pending)
+                                           host.seq_lens, host.tables, pending_src)
             hidden = hidden[to_device(torch.tensor(host.logits_indices, dtype=torch.int64), self.device)]
         else:
-            pending = self._pending_inputs(host)
-            input_ids, positions, meta, logits_indices = self._device_inputs(host)
-            if pending is not None:
-                pending.apply(input_ids)
+            input_ids, positions, meta, logits_indices, pending_src = self._device_inputs(host, pending_src)
+            if host.pending_positions:
+                self._fill_pending_ids(input_ids, pending_src, self.sampled_tokens)
             hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
             hidden = hidden[logits_indices]
         shape = (path, num_seqs, len(host.input_ids))
@@ -225,7 +225,7 @@ class ModelRunner:
             # rank gets them now, device to device (a no-op at tp 1)
             self.parallel.broadcast_from_driver(token_ids)
         # NOTE: the row of each sequence is read by rank 0's next `prepare` (workers get it from there)
-        self._last_sampled = ({row.seq_id: i for i, row in enumerate(rows)}, token_ids)
+        self._last_sampled_rows = {row.seq_id: i for i, row in enumerate(rows)}
         return self._launched(plan, sampled.copy_to_host() if sampled is not None else None, started, shape)
 
     def logits(self, hidden: torch.Tensor, num_rows: int) -> torch.Tensor | None:
@@ -268,15 +268,6 @@ class ModelRunner:
         event.record()
         return event
 
-    def _pending_inputs(self, host: "HostInputs") -> "PendingInputs | None":
-        if not host.pending_positions:
-            return None
-        # NOTE: pending inputs always come from the latest launch (the engine reads a step's tokens
-        # before it plans the step after next)
-        sampled = self._last_sampled[1]
-        packed = pack_to_device(dict(dst=host.pending_positions, src=host.pending_rows), torch.int64, self.device)
-        return PendingInputs(packed["dst"], packed["src"], sampled)
-
     def _host_inputs(self, plan: StepPlan) -> "HostInputs":
         """The step's inputs as host lists: token ids, positions, cache slots, lengths, block tables."""
         host = HostInputs()
@@ -300,7 +291,7 @@ class ModelRunner:
         host.all_decode = all(n == 1 for n in host.query_lens)
         return host
 
-    def _device_inputs(self, host: "HostInputs"):
+    def _device_inputs(self, host: "HostInputs", pending_src: list[int]):
         decode = [i for i, n in enumerate(host.query_lens) if n == 1]
         starts = [0]
         for n in host.query_lens:
@@ -308,6 +299,7 @@ class ModelRunner:
         longs = pack_to_device(dict(
             input_ids=host.input_ids, positions=host.positions, slots=host.slots, logits=host.logits_indices,
             decode=decode, decode_tokens=[starts[i] for i in decode],
+            pending_src=pending_src if host.pending_positions else [],
         ), torch.int64, self.device)
         ints = pack_to_device(dict(
             starts=starts, seq_lens=host.seq_lens, tables=[b for table in host.tables for b in table],
@@ -323,20 +315,7 @@ class ModelRunner:
             decode_token_indices=longs["decode_tokens"],
             decode_indices_host=tuple(decode),
         )
-        return longs["input_ids"], longs["positions"], meta, longs["logits"]
-
-
-@dataclass(frozen=True)
-class PendingInputs:
-    """Inputs still on the device: `input_ids[dst] = sampled[src]`, with `sampled` the previous step's
-    token ids."""
-
-    dst: torch.Tensor  # [num_pending] int64, positions in the step's flattened input ids
-    src: torch.Tensor  # [num_pending] int64, rows of the previous step's samples
-    sampled: torch.Tensor  # [previous rows] int64
-
-    def apply(self, input_ids: torch.Tensor) -> None:
-        input_ids.index_copy_(0, self.dst, self.sampled.index_select(0, self.src))
+        return longs["input_ids"], longs["positions"], meta, longs["logits"], longs["pending_src"]
 
 
 @dataclass(frozen=True)
@@ -373,3 +352,11 @@ class HostInputs:
     pending_rows: list[int] = field(default_factory=list)  # their rows in the previous step's samples
     block_copies: tuple[tuple[int, int], ...] = ()
     num_sampling_rows: int = 0
+
+    def pending_sources(self) -> list[int]:
+        """Per input id, the row of the previous step's samples it is, or -1 (the id is given): the form
+        every path fills its pending inputs from (`kernels/tokens.py::fill_pending_ids`)."""
+        sources = [-1] * len(self.input_ids)
+        for position, row in zip(self.pending_positions, self.pending_rows):
+            sources[position] = row
+        return sources

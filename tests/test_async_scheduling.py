@@ -7,6 +7,7 @@ finish reasons, while the plans show that steps really were launched ahead (pend
 import pytest
 
 from bento_pagedllm import LLM, SamplingParams
+from bento_pagedllm.model_runner import HostInputs
 from bento_pagedllm.sequence import PENDING_TOKEN
 
 KWARGS = dict(dtype="float32", device="cpu", num_kv_blocks=40, max_model_len=512, max_num_batched_tokens=64)
@@ -112,3 +113,12 @@ def test_abort_while_a_step_is_in_flight(engines):
     expected = sync_llm.generate("This one carries on", SamplingParams(max_tokens=10, temperature=0.0))[0]
     assert final.request_id == "kept" and final.outputs[0].token_ids == expected.outputs[0].token_ids
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_every_path_reads_a_pending_input_s_row_at_its_position_and_minus_one_elsewhere():
+    """The one form of a step's pending inputs (ModelRunner: decode graphs, mixed graphs and eager steps
+    fill them from it with kernels/tokens.py::fill_pending_ids)."""
+    host = HostInputs(input_ids=[5, PENDING_TOKEN, 7, 8, PENDING_TOKEN], pending_positions=[1, 4],
+                      pending_rows=[2, 0])
+    assert host.pending_sources() == [-1, 2, -1, -1, 0]
+    assert HostInputs(input_ids=[3, 4]).pending_sources() == [-1, -1]

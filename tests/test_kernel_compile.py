@@ -60,6 +60,13 @@ for pdl in (False, True):  # o and down: no norm, W double-buffered, its first t
     constants = dict(ADD_RESIDUAL=False, RMS_NORM=False, SWIGLU=False, ADD_TO_OUTPUT=True, USE_PDL=pdl,
                      BLOCK_M=1, BLOCK_N=4, BLOCK_K=1024)
     result[f"gemv plain pdl={pdl}"] = facts(ptx(gemv._gemv_kernel, constants))
+for swiglu in (False, True):  # the tensor-core tiles of 2-64 rows
+    constants = dict(ADD_RESIDUAL=swiglu, RMS_NORM=True, SWIGLU=swiglu, ADD_TO_OUTPUT=not swiglu, USE_PDL=True,
+                     BLOCK_M=16, BLOCK_N=64, BLOCK_K=128)
+    text = ptx(gemv._gemv_kernel, constants)
+    result[f"gemv tile swiglu={swiglu} pdl=True"] = {
+        **facts(text), "first_async_copy": text.find("cp.async"),
+        "last_mma": max(text.rfind("mma.sync"), text.rfind("wgmma.mma_async"))}
 for pdl in (False, True):
     for fused_rotary in (False, True):
         constants = dict(GROUP=4, GROUP_PAD=16, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_N=64, SINGLE_SPLIT=False,
@@ -97,6 +104,16 @@ def test_a_plain_dependent_projection_loads_w_before_it_waits(compiled):
     the wait; the input (the kernel ahead's output) only after it."""
     facts = compiled["gemv plain pdl=True"]
     assert facts["prefetches"] == 0 and 0 <= facts["first_load"] < facts["wait"] < facts["launch"]
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_a_dependent_tile_lets_the_next_kernel_launch_only_after_its_loop(compiled, swiglu):
+    """The tiles (kernels/gemv.py): only prefetches before the wait, the inputs' loads and W's copies to
+    shared memory after it, and the dependents' launch after the last tensor-core instruction."""
+    facts = compiled[f"gemv tile swiglu={swiglu} pdl=True"]
+    assert facts["prefetches"] > 0 and 0 <= facts["wait"] < facts["first_load"]
+    assert facts["first_async_copy"] < 0 or facts["first_async_copy"] > facts["wait"]
+    assert 0 <= facts["last_mma"] < facts["launch"], "the next kernel's programs would compete with the loop"
 
 
 @pytest.mark.parametrize("kernel", ["decode", "decode rotary", "rotary"])

@@ -27,7 +27,8 @@ dot products at the end: rms_norm(x) . w = (g * x) . w / rms. Program 0 alone st
 `pdl` (CUDA, compute capability 9+): the kernel is launched as a programmatic dependent of the one
 before it, so its programs start while that kernel's last ones finish; each asks L2 for its first W
 tile (a plain GEMV, whose W tiles are double-buffered, loads it), then waits (`gdc_wait`) before it
-reads anything another kernel writes. A decode step is a chain of ~6 kernels a layer, and each boundary
+reads anything another kernel writes. One row lets the next kernel launch right after its wait; a tile
+only after its loop (see the kernel). A decode step is a chain of ~6 kernels a layer, and each boundary
 otherwise leaves the memory system idle for the launch and the first loads' latency.
 
 Numerics: x + residual and silu(gate) * up are rounded to the input dtype like the unfused kernels
@@ -95,7 +96,8 @@ def _gemv_kernel(
             if SWIGLU:
                 prefetch_to_l2(w_ptr + (safe_rows + N).to(tl.int64)[:, None] * stride_w + lines)
         gdc_wait()
-        gdc_launch_dependents()
+        if BLOCK_M == 1:
+            gdc_launch_dependents()
 
     total_limit = tl.where(pid == 0, K, 0)  # NOTE: program 0 alone stores x + residual
     squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
@@ -128,6 +130,12 @@ def _gemv_kernel(
         acc = _accumulate(acc, w, x32, BLOCK_M)
         if SWIGLU:
             acc_up = _accumulate(acc_up, tl.load(up_rows + cols[None, :], mask=w_mask, other=0.0), x32, BLOCK_M)
+    if USE_PDL and BLOCK_M > 1:
+        # NOTE: a tile lets the next kernel launch only after its loop: launched at its start, the next
+        # kernel's waiting programs took the multiprocessors the tile's later programs (and their pipeline
+        # stages in shared memory) needed, and 1-16-row steps ran 1.5% slower (2026-12-01s run 2). Here
+        # only the epilogue and the launch's latency overlap.
+        gdc_launch_dependents()
     out = _finish(acc, BLOCK_M)  # [BLOCK_N, BLOCK_M]
     if RMS_NORM:
         inv_rms = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)[None, :]  # [1, BLOCK_M]
@@ -262,7 +270,6 @@ def row_tile(num_rows: int) -> int:
 
 def _flags(residual, norm_weight, swiglu: bool, addend, pdl: bool, block_m: int) -> dict:
     """The kernel's flags and launch options for a row tile of a projection."""
-    pdl = pdl and block_m == 1  # NOTE: the tiles ran slower so (SwiGLU: 16 rows, 7B: 59 against 46 us; others +1.5%)
     return dict(ADD_RESIDUAL=residual is not None, RMS_NORM=norm_weight is not None, SWIGLU=swiglu,
                 ADD_TO_OUTPUT=addend is not None, USE_PDL=pdl, BLOCK_M=block_m,
                 launch_pdl=pdl, enable_fp_fusion=False)  # NOTE: keep each rounding torch does

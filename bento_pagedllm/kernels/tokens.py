@@ -6,7 +6,8 @@ H200 outside the model (2026-12-01): torch's argmax reduced a row in one block o
 32,000 logits, more for 128,256), after a conversion of the logits to float32 (4 us); the pending input ids
 took an index_select and an index_copy_ besides their upload. `argmax` reads the 16-bit logits as they are
 (the conversion is exact and monotonic: the same token), 5 us a 32,000-logit row; `fill_pending_ids` runs
-inside the decode graph. Without the profiler the gain is small (BENCHMARKS.md, fourteenth session).
+first in every step, inside the graphs (cuda_graphs.py). Without the profiler the gain is small
+(BENCHMARKS.md, fourteenth session).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def argmax_ref(logits: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _fill_pending_kernel(ids_ptr, src_ptr, sampled_ptr, n, BLOCK: tl.constexpr):
-    i = tl.arange(0, BLOCK)
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
     src = tl.load(src_ptr + i, mask=mask, other=-1)
     token = tl.load(sampled_ptr + tl.maximum(src, 0), mask=mask & (src >= 0), other=0)
@@ -62,11 +63,13 @@ def _fill_pending_kernel(ids_ptr, src_ptr, sampled_ptr, n, BLOCK: tl.constexpr):
 
 def fill_pending_ids(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled: torch.Tensor) -> None:
     """input_ids[i] = sampled[pending_src[i]] where pending_src[i] >= 0 (in place; [n] int64 each): the
-    inputs sampled by the step before, which the host has not read yet."""
+    inputs sampled by the step before, which the host has not read yet. One program up to 1,024 ids (a
+    decode step's), more for a prefill-sized step's."""
     n = input_ids.shape[0]
     assert pending_src.shape == (n,) and input_ids.dtype == sampled.dtype == torch.int64
     if n:
-        _fill_pending_kernel[(1,)](input_ids, pending_src, sampled, n, BLOCK=triton.next_power_of_2(n))
+        block = min(1024, triton.next_power_of_2(n))
+        _fill_pending_kernel[(triton.cdiv(n, block),)](input_ids, pending_src, sampled, n, BLOCK=block)
 
 
 def fill_pending_ids_ref(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled: torch.Tensor) -> None:

@@ -138,6 +138,6 @@ def test_argmax_picks_the_first_maximum_like_torch(rows, vocab, dtype):
     check_argmax(rows, vocab, dtype, "cuda")
 
 
-@pytest.mark.parametrize("n", [1, 512])
+@pytest.mark.parametrize("n", [1, 512, 16384])
 def test_pending_input_ids_come_from_the_sampled_rows(n):
     check_fill_pending_ids(n, "cuda")
