@@ -136,11 +136,16 @@ def run_offline(args, requests) -> dict:
     host = HostClock()
     for owner, method, label in [(engine, "_read_step", "read"), (engine.runner, "collect", "wait"),
                                  (engine.scheduler, "schedule", "schedule"), (engine.runner, "prepare", "prepare"),
-                                 (engine.runner, "launch", "launch"), (engine.runner.model, "compute_logits", "logits"),
+                                 (engine.runner, "launch", "launch"), (engine.runner.model, "forward", "forward"),
+                                 (engine.runner.model, "compute_logits", "logits"),
                                  (engine.scheduler, "update_computed", "update_computed"),
                                  (engine.runner, "_device_inputs", "device_inputs"),
                                  (engine, "_output_or_failure", "outputs")]:
         host.watch(owner, method, label)
+    if engine.runner.device.type == "cpu":  # there sampling is the device's work, done in the call
+        import bento_pagedllm.model_runner
+
+        host.watch(bento_pagedllm.model_runner, "sample", "sample")
     if engine.runner.graphs is not None:
         host.watch(engine.runner.graphs, "run", "decode_graph_run")
         host.watch(engine.runner.graphs.inputs, "upload", "upload")
@@ -155,7 +160,7 @@ def run_offline(args, requests) -> dict:
                 record = records[out.request_id]
                 record["tokens"] += [now] * len(out.outputs[0].delta_token_ids)
                 record["ok"] = out.finished
-            host.iteration(iteration_start)
+            host.iteration(iteration_start, len(engine.last_plan.seqs) if engine.last_plan else 0)
     wall = time.perf_counter() - start
     if profiler is not None:
         profiler.stop()
@@ -183,6 +188,7 @@ class HostClock:
         self.iterations_ms: list[float] = []
         self.phases: list[dict[str, float]] = []
         self.reserved_mb: list[float] = []
+        self.num_seqs: list[int] = []
         self._current: dict[str, float] = {}
         self._reserved = self._reserved_mb()
         self.gc_count, self.gc_ms, self.gc_longest_ms = [0, 0, 0], [0.0, 0.0, 0.0], 0.0
@@ -226,8 +232,10 @@ class HostClock:
     def __exit__(self, *exc) -> None:
         gc.callbacks.remove(self._on_gc)
 
-    def iteration(self, started: float) -> None:
+    def iteration(self, started: float, num_seqs: int = 0) -> None:
+        """An iteration ended; `num_seqs`: the sequences of the step it launched (for `by_seqs`)."""
         self.iterations_ms.append((time.perf_counter() - started) * 1e3)
+        self.num_seqs.append(num_seqs)
         self.phases.append(self._current)
         self._current = {}
         reserved = self._reserved_mb()
@@ -249,7 +257,32 @@ class HostClock:
                                      for label in sorted({k for p in self.phases for k in p})},
                 "reserved_changes": [{"step": i, "mb": round(mb, 1)} for i, mb in enumerate(self.reserved_mb) if mb],
                 "gc_collections": self.gc_count, "gc_ms": [round(v, 2) for v in self.gc_ms],
-                "gc_longest_ms": round(self.gc_longest_ms, 3)}
+                "gc_longest_ms": round(self.gc_longest_ms, 3), "by_seqs": self.by_seqs()}
+
+    # NOTE: time in these phases is the model's or the device's, not the host's own work ("sample" is
+    # watched on the CPU only)
+    NOT_HOST = ("forward", "logits", "wait", "sample")
+    SEQ_BUCKETS = ((1, 32), (33, 128), (129, 256), (257, 512), (513, 1 << 30))
+
+    def by_seqs(self) -> list[dict]:
+        """Per bucket of launched sequences: iterations, their median, median phases, and the median host
+        work a sequence (`host_us_per_seq`: the iteration less NOT_HOST's phases, over its sequences)
+        -- where the host may fall behind the device (a big step's host work grows with its sequences)."""
+        buckets = []
+        for low, high in self.SEQ_BUCKETS:
+            chosen = [i for i, n in enumerate(self.num_seqs) if low <= n <= high and i < len(self.phases)]
+            if not chosen:
+                continue
+            host_us = [1e3 * (self.iterations_ms[i] - sum(self.phases[i].get(p, 0.0) for p in self.NOT_HOST))
+                       / self.num_seqs[i] for i in chosen]
+            labels = sorted({k for i in chosen for k in self.phases[i]})
+            buckets.append({"seqs": f"{low}-{high}" if high < 1 << 30 else f"{low}+", "iterations": len(chosen),
+                            "median_ms": round(statistics.median(self.iterations_ms[i] for i in chosen), 3),
+                            "host_us_per_seq": round(statistics.median(host_us), 2),
+                            "median_phases_ms": {label: round(statistics.median(self.phases[i].get(label, 0.0)
+                                                                                for i in chosen), 3)
+                                                 for label in labels}})
+        return buckets
 
 
 class RunProfiler:

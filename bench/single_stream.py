@@ -44,6 +44,11 @@ SHAPES = {
     "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
                          rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True),
+    # NOTE: not a model: one small layer over the workload's vocabulary, so that on the CPU the engine's
+    # host work (scheduling, inputs, outputs) is most of a step (bench/serve.py's host.by_seqs)
+    "host-probe": dict(vocab_size=32000, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                       rms_norm_eps=1e-5, rope_theta=10000.0),
 }
 PROMPT, NEW = 128, 256
 

@@ -113,7 +113,11 @@ class BlockManager:
         blocks), or None, changing nothing, when the pool is too small right now.
         """
         total = seq.num_computed_tokens + num_new_tokens
-        num_missing = max(0, self.num_blocks_for(total) - len(seq.block_table))
+        table = seq.block_table
+        if (num_new_tokens == 1 and total <= len(table) * self.block_size
+                and self.ref_counts[table[seq.num_computed_tokens // self.block_size]] == 1):
+            return []  # NOTE: most decode steps: the slot is in a block the sequence alone holds
+        num_missing = max(0, self.num_blocks_for(total) - len(table))
         shared = self._shared_blocks_to_write(seq, num_new_tokens)
         if num_missing + len(shared) > len(self._free):
             return None

@@ -329,7 +329,9 @@ class LLMEngine:
     def _make_output(self, request: Request) -> RequestOutput:
         finished = request.is_finished
         choices = []
+        num_preemptions = 0
         for seq in request.seqs:
+            num_preemptions += seq.num_preemptions
             detok = self._detokenizers.get(seq.seq_id)
             emitted = self._emitted.get(seq.seq_id, 0)
             outputs = seq.output_token_ids
@@ -363,8 +365,7 @@ class LLMEngine:
             outputs=choices,
             finished=finished,
             metrics=RequestMetrics(
-                times.arrival, times.first_scheduled, times.first_token, times.finished,
-                sum(s.num_preemptions for s in request.seqs),
+                times.arrival, times.first_scheduled, times.first_token, times.finished, num_preemptions
             ),
         )
 

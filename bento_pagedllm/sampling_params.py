@@ -67,16 +67,15 @@ class SamplingParams:
                       self.presence_penalty, self.frequency_penalty):
             if value != value:  # NaN
                 raise ValueError("sampling parameters must not be NaN")
+        # NOTE: read for every sequence of every step (the scheduler's sampling rows): worked out once, as
+        # the checks above are (parameters do not change after construction)
+        self.uses_penalties = (
+            self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-    @property
-    def uses_penalties(self) -> bool:
-        return (
-            self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-        )
 
     @property
     def stop_strings(self) -> list[str]:

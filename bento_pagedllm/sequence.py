@@ -12,6 +12,7 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .sampling_params import SamplingParams
 
@@ -25,9 +26,9 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(frozen=True)
-class TokenLogprob:
-    """The chosen token's log-probability and the top alternatives at that position."""
+class TokenLogprob(NamedTuple):
+    """The chosen token's log-probability and the top alternatives at that position (a NamedTuple: one
+    is made per sampled token)."""
 
     token_id: int
     logprob: float | None  # None when the request asked for no log-probabilities
@@ -170,4 +171,9 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.is_forked and all(s.is_finished for s in self.seqs)
+        if len(self.seqs) != self.params.n:
+            return False  # NOTE: its other choices are not forked yet
+        for seq in self.seqs:  # a loop, not all(): read for every request of every step
+            if seq.status is not SequenceStatus.FINISHED:
+                return False
+        return True

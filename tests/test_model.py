@@ -83,7 +83,8 @@ def run_chunks(runner: ModelRunner, chunks: list[list[tuple[int, list[int], int]
             for sid, toks, start in step
         )
         plan = StepPlan(seqs=seqs, sampling_rows=(), block_copies=(), num_batched_tokens=0, num_preempted=0)
-        input_ids, positions, meta, _ = runner._device_inputs(runner._host_inputs(plan))
+        host = runner._host_inputs(plan)
+        input_ids, positions, meta, _, _ = runner._device_inputs(host, host.pending_sources())
         with torch.inference_mode():
             hidden = runner.model(input_ids, positions, runner.kv_caches, meta)
             logits.append(runner.model.compute_logits(hidden))
