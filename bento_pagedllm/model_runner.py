@@ -278,10 +278,15 @@ class ModelRunner:
                 host.pending_positions.append(len(host.input_ids) + n - 1)
                 host.pending_seq_ids.append(seq.seq_id)
             host.input_ids += seq.token_ids
-            span = range(seq.start_pos, seq.start_pos + n)
-            host.positions += span
             table = seq.block_table
-            host.slots += [table[p // bs] * bs + p % bs for p in span]
+            if n == 1:  # a decode (most rows of most steps): no range, no list of one
+                p = seq.start_pos
+                host.positions.append(p)
+                host.slots.append(table[p // bs] * bs + p % bs)
+            else:
+                span = range(seq.start_pos, seq.start_pos + n)
+                host.positions += span
+                host.slots += [table[p // bs] * bs + p % bs for p in span]
             host.query_lens.append(n)
             host.seq_lens.append(seq.start_pos + n)
             if seq.compute_logits:
