@@ -175,6 +175,9 @@ def run_offline(args, requests) -> dict:
     return report(list(records.values()), wall, extra)
 
 
+_ABSENT = object()
+
+
 class HostClock:
     """The host's side of the offline loop: how long each iteration (engine.step() and reading its outputs)
     took, and the garbage collector's passes in it. Beside `gpu_timeline.longest_idle_gaps` (the same
@@ -189,6 +192,7 @@ class HostClock:
         self.phases: list[dict[str, float]] = []
         self.reserved_mb: list[float] = []
         self.num_seqs: list[int] = []
+        self._watched: list[tuple[object, str, object]] = []  # (owner, name, its own attribute or _ABSENT)
         self._current: dict[str, float] = {}
         self._reserved = self._reserved_mb()
         self.gc_count, self.gc_ms, self.gc_longest_ms = [0, 0, 0], [0.0, 0.0, 0.0], 0.0
@@ -201,10 +205,12 @@ class HostClock:
         return torch.cuda.memory_reserved() / 2**20 if torch.cuda.is_initialized() else 0.0
 
     def watch(self, owner, method: str, label: str | None = None) -> None:
-        """Time `owner.method` (an instance's, wrapped on the instance alone) as phase `label` of the
-        iteration it runs in; nested phases each count their own time, their parent's included."""
+        """Time `owner.method` (an instance's, wrapped on the instance alone; or a module's function) as
+        phase `label` of the iteration it runs in; nested phases each count their own time, their parent's
+        included. Leaving the clock's `with` block puts every watched attribute back."""
         inner = getattr(owner, method)
         label = label or method
+        self._watched.append((owner, method, vars(owner).get(method, _ABSENT)))
 
         def timed(*args, **kwargs):
             started = time.perf_counter()
@@ -231,6 +237,12 @@ class HostClock:
 
     def __exit__(self, *exc) -> None:
         gc.callbacks.remove(self._on_gc)
+        for owner, method, own in reversed(self._watched):
+            if own is _ABSENT:
+                delattr(owner, method)  # the class's method shows through again
+            else:
+                setattr(owner, method, own)
+        self._watched.clear()
 
     def iteration(self, started: float, num_seqs: int = 0) -> None:
         """An iteration ended; `num_seqs`: the sequences of the step it launched (for `by_seqs`)."""
@@ -270,7 +282,7 @@ class HostClock:
         -- where the host may fall behind the device (a big step's host work grows with its sequences)."""
         buckets = []
         for low, high in self.SEQ_BUCKETS:
-            chosen = [i for i, n in enumerate(self.num_seqs) if low <= n <= high and i < len(self.phases)]
+            chosen = [i for i, n in enumerate(self.num_seqs) if low <= n <= high]
             if not chosen:
                 continue
             host_us = [1e3 * (self.iterations_ms[i] - sum(self.phases[i].get(p, 0.0) for p in self.NOT_HOST))

@@ -71,6 +71,9 @@ def test_the_host_clock_times_watched_methods_per_iteration():
         assert part.work(seconds) == seconds  # the wrapper returns what the method returns
         clock.iteration(started)
     assert Part.work is not part.work  # wrapped on the instance alone
+    with clock:
+        pass
+    assert "work" not in vars(part)  # leaving the clock undoes the watch
     summary = clock.summary(count=1)
     slowest = summary["longest"][0]
     assert slowest["step"] == 1 and 30 <= slowest["phases_ms"]["phase"] <= slowest["ms"]
@@ -128,12 +131,12 @@ def test_the_offline_benchmark_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch)
     out = tmp_path / "result.json"
     monkeypatch.setattr(sys, "argv", ["serve.py", "--mode", "offline", "--shape", "smollm2-135m", "--requests",
                                       str(requests), "--device", "cpu", "--out", str(out)])
-    saved = list(sys.path)
-    try:
-        sys.path.insert(0, BENCH)  # shape_dir imports single_stream
-        serve.main()
-    finally:
-        sys.path[:] = saved
+    monkeypatch.syspath_prepend(BENCH)  # shape_dir imports single_stream
+    import bento_pagedllm.model_runner
+
+    sample = bento_pagedllm.model_runner.sample
+    serve.main()
+    assert bento_pagedllm.model_runner.sample is sample  # the clock's watch (on the CPU) is undone
     result = json.loads(out.read_text())
     assert result["completed"] == 3 and result["failed"] == 0
     assert result["output_throughput"] * result["duration_s"] == pytest.approx(9)
