@@ -286,6 +286,13 @@ case $part in
     [ -n "${TESTS:-}" ] && run gpu_tests 200 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py -k "${TESTK:-projections or bfloat16 or float32_greedy}"
     each_variant offline_variant
     ;;
+  profile_offline)
+    # issue 5: where the device time of decode steps of a given size goes: a profiled offline run of SHAPE
+    # (default llama3-8b, vLLM's batch settings) with a kernel table and a trace per window of WINDOWS
+    # (START:COUNT; the defaults are the 8B workload's steps of ~50, ~22, ~13 and ~7 sequences)
+    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
+    run profile_offline 150 $PY bench/serve.py --mode offline --shape ${SHAPE:-llama3-8b} --requests $R --dtype bfloat16 $S8 --profile "$out/profile.txt" $(for w in ${WINDOWS:-380:10 540:20 640:20 850:20}; do echo --profile-window $w; done) --out "$out/profiled.json"
+    ;;
   startup_variants)
     # issue 4's start-up, cold: Llama-2-7B single stream for each of VARIANTS (EXPORT:ROWS, as
     # offline_variants), in the given order and then reversed, each with an empty Triton cache

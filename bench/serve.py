@@ -302,7 +302,8 @@ class RunProfiler:
     where the device time goes, by kernel. Without windows, one table for the whole run; with windows
     (start step, step count), one table per window, headed by its steps' (sequences, tokens), so a step
     shape's kernels can be read apart (kernels of a launched step run during the next host step: a window
-    of steps of one shape is what to read). NOTE: the profiler slows the host a little: a profiled run's
+    of steps of one shape is what to read; each window's trace is also written beside the table, as
+    PATH.stepsA-B.trace.json, for bench/step_gaps.py). NOTE: the profiler slows the host a little: a profiled run's
     throughput is not a figure."""
 
     def __init__(self, path: str, windows: list[tuple[int, int]]) -> None:
@@ -343,6 +344,7 @@ class RunProfiler:
         with open(self.path, "a" if self.saved > 1 else "w") as f:
             f.write(f"== steps {start}..{start + count - 1}, (sequences, tokens): {self.sizes[start:start + count]}\n")
             f.write(profiler.key_averages().table(sort_by="cuda_time_total", row_limit=30) + "\n")
+        profiler.export_chrome_trace(f"{self.path}.steps{start}-{start + count - 1}.trace.json")
 
 
 def warm_up_requests(requests: list[dict], count: int = 64) -> list[dict]:

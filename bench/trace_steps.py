@@ -9,11 +9,16 @@ gate/up and down (`_gemv_kernel`s and `_decode_split_kernel`), then the LM head;
 sampler's argmax kernel.
 
     python bench/trace_steps.py DIR/profile_llama2-7b.trace.json
+
+`--by-position` reads any decode step (the cuBLAS path of bigger batches included, with its separate norm,
+activation and rotary kernels), such as a window of `bench/serve.py --profile FILE --profile-window
+START:COUNT` (its FILE.stepsA-B.trace.json): what each kernel of a layer adds, by position.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import statistics
 
@@ -64,14 +69,72 @@ def step_breakdown(events: list[dict], num_layers: int) -> dict:
             "after_us": statistics.median(after)}
 
 
+def _short_name(event: dict) -> str:
+    name = event["name"]
+    if name.startswith("nvjet"):
+        return "cublas"
+    return "cublas_split_k_reduce" if "splitKreduce" in name else name.split("(")[0].replace("void ", "")[:40]
+
+
+def _added(events: list[dict], i: int) -> float:
+    """What event i adds to the step: from the end of the event before it to its own end."""
+    return events[i]["ts"] + events[i]["dur"] - (events[i - 1]["ts"] + events[i - 1]["dur"])
+
+
+def position_breakdown(events: list[dict], num_layers: int) -> dict:
+    """Any decode path (fused or not, any batch): each step's device work cut into layers at the decode
+    attention kernel; per position in a layer (0 = the attention), medians over the middle layers (those
+    with the most common sequence of kernels) and the steps, of what the kernel adds and its duration;
+    the step's kernels before the first attention, and from the last one on (the last layer, the LM head,
+    the sampler), likewise. Used on a window of `bench/serve.py --profile` (its trace), whose steps have
+    one shape."""
+    ends = [i for i, e in enumerate(events) if _is_step_end(e)]
+    layers, head, tail, steps = [], {}, {}, []
+    for a, b in zip(ends, ends[1:]):
+        step = events[a + 1 : b + 1]
+        attention = [i for i, e in enumerate(step) if e["name"].startswith("_decode")]
+        if len(attention) != num_layers or attention[0] == 0:
+            continue  # a prefill or mixed step
+        steps.append(step[-1]["ts"] + step[-1]["dur"] - (events[a]["ts"] + events[a]["dur"]))
+        for start, end in zip(attention[1:-1], attention[2:]):
+            layers.append([(_short_name(step[i]), _added(step, i), step[i]["dur"]) for i in range(start, end)])
+        for i in range(attention[0]):
+            head.setdefault(i, []).append((_short_name(step[i]), _added(step, i) if i else 0.0, step[i]["dur"]))
+        for i in range(attention[-1], len(step)):
+            tail.setdefault(i - attention[-1], []).append((_short_name(step[i]), _added(step, i), step[i]["dur"]))
+    if not steps:
+        return {"steps": 0}
+    shapes = collections.Counter(tuple(name for name, _, _ in layer) for layer in layers)
+    common = shapes.most_common(1)[0][0]
+    positions = {}
+    for layer in layers:
+        if tuple(name for name, _, _ in layer) == common:
+            for offset, kernel in enumerate(layer):
+                positions.setdefault(offset, []).append(kernel)
+
+    def medians(groups: dict) -> list[dict]:
+        return [{"kernel": values[0][0], "added_us": round(statistics.median(v[1] for v in values), 2),
+                 "duration_us": round(statistics.median(v[2] for v in values), 2)}
+                for _, values in sorted(groups.items())]
+
+    layer = medians(positions)
+    return {"steps": len(steps), "median_step_us": round(statistics.median(steps), 1),
+            "layers_read": shapes[common], "layers_of_other_shapes": len(layers) - shapes[common],
+            "layer": layer, "a_layer_us": round(sum(k["added_us"] for k in layer), 1),
+            "before_layers": medians(head), "last_layer_and_after": medians(tail)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("trace")
     parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--by-position", action="store_true",
+                        help="any decode path: the kernels by position in a layer (offline profile windows)")
     args = parser.parse_args()
     with open(args.trace) as f:
         events = device_events(json.load(f))
-    print(json.dumps(step_breakdown(events, args.layers), indent=1))
+    breakdown = position_breakdown if args.by_position else step_breakdown
+    print(json.dumps(breakdown(events, args.layers), indent=1))
 
 
 if __name__ == "__main__":

@@ -291,8 +291,7 @@ class ModelRunner:
             host.seq_lens.append(seq.start_pos + n)
             if seq.compute_logits:
                 host.logits_indices.append(len(host.input_ids) - 1)
-        width = max(len(s.block_table) for s in plan.seqs)
-        host.tables = [list(s.block_table) + [0] * (width - len(s.block_table)) for s in plan.seqs]
+        host.tables = [s.block_table for s in plan.seqs]  # NOTE: the plan's tuples, unpadded
         host.all_decode = all(n == 1 for n in host.query_lens)
         return host
 
@@ -306,9 +305,12 @@ class ModelRunner:
             decode=decode, decode_tokens=[starts[i] for i in decode],
             pending_src=pending_src if host.pending_positions else [],
         ), torch.int64, self.device)
-        ints = pack_to_device(dict(
-            starts=starts, seq_lens=host.seq_lens, tables=[b for table in host.tables for b in table],
-        ), torch.int32, self.device)
+        width = max(len(table) for table in host.tables)
+        tables = []  # [num_seqs * width], each row padded with zeros
+        for table in host.tables:
+            tables += table
+            tables += (0,) * (width - len(table))
+        ints = pack_to_device(dict(starts=starts, seq_lens=host.seq_lens, tables=tables), torch.int32, self.device)
         meta = AttentionMetadata(
             slot_mapping=longs["slots"],
             query_start_loc=ints["starts"],
@@ -350,7 +352,8 @@ class HostInputs:
     query_lens: list[int] = field(default_factory=list)
     seq_lens: list[int] = field(default_factory=list)
     logits_indices: list[int] = field(default_factory=list)
-    tables: list[list[int]] = field(default_factory=list)
+    # NOTE: each sequence's blocks, rows of different lengths: a reader pads them if it needs a matrix
+    tables: list[tuple[int, ...]] = field(default_factory=list)
     all_decode: bool = False
     pending_positions: list[int] = field(default_factory=list)  # inputs to take from the previous step
     pending_seq_ids: list[int] = field(default_factory=list)

@@ -111,6 +111,42 @@ def test_a_traced_step_is_split_into_what_each_kernel_adds():
     assert result["before_us"] == 10 - 3 - 0 and result["after_us"] == 6
 
 
+def test_any_decode_path_is_read_by_position_in_a_layer():
+    """The unfused path of bigger batches (separate norm, activation and rotary kernels), four layers a
+    step: each position of a middle layer gives its kernel and what it adds; the kernels before the first
+    attention and from the last one on are listed apart; a prefill step (no decode attention) is skipped."""
+    trace_steps = _load("trace_steps")
+    events, t = [], 0.0
+
+    def kernel(name, start, dur):
+        events.append({"ph": "X", "cat": "kernel", "name": name, "ts": start, "dur": dur})
+
+    layer = (("_decode_split_kernel", 20), ("nvjet_sm90_o", 10), ("_rms_norm_kernel", 2), ("nvjet_sm90_gu", 50),
+             ("_silu_and_mul_kernel", 2), ("nvjet_sm90_down", 30), ("_rms_norm_kernel", 2), ("nvjet_sm90_qkv", 15),
+             ("_rotary_store_kv_kernel", 3))
+    for _ in range(3):  # the first step has no step end before it: two are read
+        end = t + 1
+        for name, adds in (("Memcpy HtoD", 3), ("_rms_norm_kernel", 2), ("nvjet_sm90_qkv", 15),
+                           ("_rotary_store_kv_kernel", 3)) + layer * 4:
+            kernel(name, end + 1, adds - 1)  # an idle microsecond before each
+            end += adds
+        kernel("_argmax_kernel", end + 1, 4)
+        t = end + 5
+    kernel("nvjet_sm90_prefill", t + 1, 5)
+    kernel("_argmax_kernel", t + 7, 1)
+    result = trace_steps.position_breakdown(trace_steps.device_events({"traceEvents": events}), num_layers=4)
+    assert result["steps"] == 2 and result["layers_read"] == 2 * 2 and result["layers_of_other_shapes"] == 0
+    assert [(k["kernel"], k["added_us"], k["duration_us"]) for k in result["layer"]] == [
+        ("_decode_split_kernel", 20, 19), ("cublas", 10, 9), ("_rms_norm_kernel", 2, 1), ("cublas", 50, 49),
+        ("_silu_and_mul_kernel", 2, 1), ("cublas", 30, 29), ("_rms_norm_kernel", 2, 1), ("cublas", 15, 14),
+        ("_rotary_store_kv_kernel", 3, 2)]
+    assert result["a_layer_us"] == 134
+    assert [k["kernel"] for k in result["before_layers"]] == [
+        "Memcpy HtoD", "_rms_norm_kernel", "cublas", "_rotary_store_kv_kernel"]
+    assert result["last_layer_and_after"][0]["kernel"] == "_decode_split_kernel"
+    assert result["last_layer_and_after"][-1]["kernel"] == "_argmax_kernel"
+
+
 def test_prefill_steps_pack_prompts_in_order_and_chunk_the_one_that_does_not_fit():
     prefill_attention = _load("prefill_attention")
     # budget 10: 4 + the first 6 of 8; then its last 2 (after a 6-token prefix) + 5 + the first 3 of 7; ...
