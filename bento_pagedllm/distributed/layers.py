@@ -119,11 +119,15 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(torch.empty(self.rows_per_rank, hidden_size))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """NOTE: rows are gathered by indexing (`weight[ids]`), not `F.embedding`: on CUDA its index_select
+        takes, for at most 16 ids, a kernel that copies a row at a time (Llama-3-8B on an H200: 7.5 us for 7
+        ids, 12.8 for 13, inside every decode step of a few sequences), where indexing takes the vectorised
+        gather at every count (2.0-2.5 us, 2026-12-02 profile). The same rows either way."""
         if self.parallel.size == 1:
-            return F.embedding(input_ids, self.weight)  # [num_tokens, hidden]
+            return self.weight[input_ids]  # [num_tokens, hidden]
         local = input_ids - self.start
         outside = (local < 0) | (local >= self.rows_per_rank)
-        hidden = F.embedding(local.masked_fill(outside, 0), self.weight)  # [num_tokens, hidden]
+        hidden = self.weight[local.masked_fill(outside, 0)]  # [num_tokens, hidden]
         hidden.masked_fill_(outside[:, None], 0.0)
         return self.parallel.all_reduce(hidden)
 

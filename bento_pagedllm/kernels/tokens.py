@@ -5,7 +5,7 @@ Why kernels: under the torch profiler a Llama-2-7B single-stream step spent ~60 
 H200 outside the model (2026-12-01): torch's argmax reduced a row in one block of threads (10 us for
 32,000 logits, more for 128,256), after a conversion of the logits to float32 (4 us); the pending input ids
 took an index_select and an index_copy_ besides their upload. `argmax` reads the 16-bit logits as they are
-(the conversion is exact and monotonic: the same token), 5 us a 32,000-logit row; `fill_pending_ids` runs
+(the conversion is exact and monotonic: the same token), in chunks of a row; `fill_pending_ids` runs
 first in every step, inside the graphs (cuda_graphs.py). Without the profiler the gain is small
 (BENCHMARKS.md, fourteenth session).
 """
@@ -18,14 +18,17 @@ import triton.language as tl
 
 
 @triton.jit
-def _argmax_kernel(logits_ptr, out_ptr, stride, vocab, BLOCK: tl.constexpr):
-    """One program a row: each lane keeps the best value it saw and its first column, then the row's best
-    lane with the smallest column wins (torch's rule: the first maximal index). NOTE: NaN counts as +inf."""
+def _argmax_chunk_kernel(logits_ptr, best_ptr, best_col_ptr, stride, vocab, num_chunks,
+                         CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row, chunk): the chunk's best value and its first column. Each lane keeps the best value
+    it saw and its first column, then the best lane with the smallest column wins (torch's rule: the
+    first maximal index). NOTE: NaN counts as +inf."""
     row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
     lanes = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_col = tl.full([BLOCK], 2**31 - 1, tl.int32)
-    for start in range(0, vocab, BLOCK):
+    for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK):
         cols = start + lanes
         x = tl.load(logits_ptr + row * stride + cols, mask=cols < vocab, other=float("-inf")).to(tl.float32)
         x = tl.where(x != x, float("inf"), x)
@@ -33,18 +36,47 @@ def _argmax_kernel(logits_ptr, out_ptr, stride, vocab, BLOCK: tl.constexpr):
         best = tl.where(better, x, best)
         best_col = tl.where(better, cols, best_col)
     top = tl.max(best, axis=0)
-    tl.store(out_ptr + row, tl.min(tl.where(best == top, best_col, 2**31 - 1), axis=0).to(tl.int64))
+    tl.store(best_ptr + row * num_chunks + chunk, top)
+    tl.store(best_col_ptr + row * num_chunks + chunk, tl.min(tl.where(best == top, best_col, 2**31 - 1), axis=0))
+
+
+@triton.jit
+def _argmax_combine_kernel(best_ptr, best_col_ptr, out_ptr, num_chunks, CHUNKS: tl.constexpr):
+    """Program per row: the first chunk holding the row's best value has its first maximal column."""
+    row = tl.program_id(0).to(tl.int64)
+    chunks = tl.arange(0, CHUNKS)
+    mask = chunks < num_chunks
+    best = tl.load(best_ptr + row * num_chunks + chunks, mask=mask, other=float("-inf"))
+    cols = tl.load(best_col_ptr + row * num_chunks + chunks, mask=mask, other=2**31 - 1)
+    top = tl.max(best, axis=0)
+    tl.store(out_ptr + row, tl.min(tl.where(best == top, cols, 2**31 - 1), axis=0).to(tl.int64))
+
+
+# a program's share of a row: 4,096 logits (8 KB in 16-bit), 2 tiles of 2,048
+ARGMAX_CHUNK, ARGMAX_BLOCK = 4096, 2048
 
 
 def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """logits: [rows, vocab] (any float dtype) -> [rows] int64, each row's first maximal column."""
+    """logits: [rows, vocab] (any float dtype) -> [rows] int64, each row's first maximal column.
+
+    Why chunks: one program a row walked the row a tile at a time, each tile's load waiting for the one
+    before (Llama-3-8B's 128,256 logits: 16-18 us a step of 1 to 50 rows on an H200, 2026-12-02 profile).
+    Here programs of 4,096 logits each find their chunk's best, and a second kernel picks each row's
+    first chunk holding the best: two short launches."""
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and vocab < 2**31 - 1
     out = torch.empty(rows, dtype=torch.int64, device=logits.device) if out is None else out
     assert out.shape == (rows,) and out.dtype == torch.int64
     if rows:
-        block = min(8192, triton.next_power_of_2(vocab))
-        _argmax_kernel[(rows,)](logits, out, logits.stride(0), vocab, BLOCK=block, num_warps=min(16, max(1, block // 512)))
+        chunk = min(ARGMAX_CHUNK, triton.next_power_of_2(vocab))
+        block = min(ARGMAX_BLOCK, chunk)
+        num_chunks = triton.cdiv(vocab, chunk)
+        best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
+        best_col = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
+        _argmax_chunk_kernel[(rows, num_chunks)](logits, best, best_col, logits.stride(0), vocab, num_chunks,
+                                                 CHUNK=chunk, BLOCK=block, num_warps=4)
+        _argmax_combine_kernel[(rows,)](best, best_col, out, num_chunks,
+                                        CHUNKS=max(16, triton.next_power_of_2(num_chunks)), num_warps=1)
     return out
 
 
@@ -75,3 +107,26 @@ def fill_pending_ids(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled
 def fill_pending_ids_ref(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled: torch.Tensor) -> None:
     taken = pending_src >= 0
     input_ids[taken] = sampled[pending_src[taken]]
+
+
+@triton.jit
+def _copy_words_kernel(dst_ptr, src_ptr, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
+
+
+def copy_words(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst[:] = src, two int32 tensors of one size on one device, copied by a kernel.
+
+    Why a kernel: a copy through the copy engine on a step's stream costs the stream two hand-overs
+    between the copy engine and the multiprocessors (~7 us each on an H200), where a kernel follows the
+    kernel before it at once (cuda_graphs._StaticInputs stages a step's inputs so)."""
+    n = dst.numel()
+    assert src.shape == dst.shape and src.dtype == dst.dtype == torch.int32 and src.is_contiguous() and dst.is_contiguous()
+    if n:
+        block = min(4096, triton.next_power_of_2(n))
+        _copy_words_kernel[(triton.cdiv(n, block),)](dst, src, n, BLOCK=block, num_warps=4)
+
+
+def copy_words_ref(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src)
