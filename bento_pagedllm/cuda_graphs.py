@@ -112,15 +112,9 @@ class _StaticInputs:
     Why one copy: each copy is an operation on the step's stream, and a step had five (plus one for the
     pending ids). Measured on an H200 (BENCHMARKS.md, fourteenth session): offline +0.2-0.4%, single
     stream unchanged within 0.3% (the copy engine's hand-overs, ~7 us each under the profiler, remain).
-    Why staged: the copy runs on a stream of its own, into `staging`, while the step before still runs
-    (the host uploads a step's inputs after launching the one before); the step's stream then waits for
-    it and moves `staging` into the graphs' buffer with a kernel (`copy_words`): no copy engine between
-    one step's kernels and the next's (an H200 profile of 2026-12-02 showed ~8 us idle before the copy
-    and ~8 us after it, every step).
     NOTE: the host twin mirrors the device buffer (each upload copies a prefix of the whole twin, so
     sections are written in full, or as rows of the last one, `block_tables`); it is rewritten only after
-    its copy to `staging` ended (`staged`), and `staging` only after the step's stream moved it
-    (`consumed`).
+    the device has read it for the step before (`copied`).
     """
 
     def __init__(self, device: torch.device, **shapes: tuple[tuple[int, ...], int, torch.dtype]) -> None:
@@ -140,11 +134,8 @@ class _StaticInputs:
             self.host[name][...] = shapes[name][1]
         self.tables_offset, self.table_row_bytes = layout["block_tables"][0], self.block_tables[0].nbytes
         self.device_bytes.copy_(self.host_bytes)
-        self.staging = torch.empty_like(self.device_bytes)  # NOTE: a multiple of 4 bytes (int32 tables last)
-        self.copy_stream = torch.cuda.Stream(device)
-        self.staged, self.consumed = torch.cuda.Event(), torch.cuda.Event()
-        self.staged.record()
-        self.consumed.record()
+        self.copied = torch.cuda.Event()
+        self.copied.record()
 
     def upload(self, block_tables: list[tuple[int, ...]], **values: list[int]) -> None:
         """section[:len(values)] = values for each named section, block_tables[i, :len(row i)] = row i of
@@ -156,7 +147,7 @@ class _StaticInputs:
         padded lists took 0.77-0.90 ms of host time for 414-498 sequences, row by row 0.23-0.25 ms (on
         the 2-core development CPU).
         """
-        self.staged.synchronize()
+        self.copied.synchronize()
         for name, section in values.items():
             self.host[name][: len(section)] = section
         n = len(block_tables)
@@ -164,16 +155,8 @@ class _StaticInputs:
         for row, blocks in enumerate(block_tables):
             tables[row, : len(blocks)] = blocks
         end = self.tables_offset + n * self.table_row_bytes
-        from .kernels.tokens import copy_words
-
-        step_stream = torch.cuda.current_stream(self.device_bytes.device)
-        with torch.cuda.stream(self.copy_stream):
-            self.copy_stream.wait_event(self.consumed)
-            self.staging[:end].copy_(self.host_bytes[:end], non_blocking=True)
-            self.staged.record(self.copy_stream)
-        step_stream.wait_event(self.staged)
-        copy_words(self.device_bytes[:end].view(torch.int32), self.staging[:end].view(torch.int32))
-        self.consumed.record(step_stream)
+        self.device_bytes[:end].copy_(self.host_bytes[:end], non_blocking=True)
+        self.copied.record()
 
 
 class DecodeGraphs:

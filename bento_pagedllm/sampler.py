@@ -172,25 +172,15 @@ class SamplerOutput:
     top_ids: torch.Tensor | None  # [rows, k]
     top_logprobs: torch.Tensor | None  # [rows, k]
 
-    def copy_to_host(self, stream: "torch.cuda.Stream | None" = None) -> "HostSamples":
-        """Start the copy to the host without waiting for it (pinned memory, an event marks the end), on
-        `stream` (after the current stream's work so far) or the current stream.
-
-        NOTE: on another stream the caller must not overwrite the tensors before `copied` (the runner's
-        reused buffer of token ids); the others are marked in use by that stream for the allocator."""
+    def copy_to_host(self) -> "HostSamples":
+        """Start the copy to the host without waiting for it (pinned memory, an event marks the end)."""
         tensors = (self.token_ids, self.logprobs, self.top_ids, self.top_logprobs)
         if self.token_ids.device.type != "cuda":  # NOTE: copies: token_ids may be the runner's reused buffer
             return HostSamples(*(None if t is None else t.clone() for t in tensors))
-        stream = stream or torch.cuda.current_stream(self.token_ids.device)
-        stream.wait_stream(torch.cuda.current_stream(self.token_ids.device))
-        with torch.cuda.stream(stream):
-            host = tuple(None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(
-                t, non_blocking=True) for t in tensors)
-            event = torch.cuda.Event()
-            event.record(stream)
-        for t in tensors:
-            if t is not None:
-                t.record_stream(stream)
+        host = tuple(None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(
+            t, non_blocking=True) for t in tensors)
+        event = torch.cuda.Event()
+        event.record()
         return HostSamples(*host, copied=event)
 
 

@@ -18,11 +18,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _argmax_chunk_kernel(logits_ptr, best_ptr, best_col_ptr, stride, vocab, num_chunks,
-                         CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    """Program (row, chunk): the chunk's best value and its first column. Each lane keeps the best value
-    it saw and its first column, then the best lane with the smallest column wins (torch's rule: the
-    first maximal index). NOTE: NaN counts as +inf."""
+def _argmax_chunk_kernel(logits_ptr, best_ptr, best_col_ptr, out_ptr, stride, vocab, num_chunks,
+                         CHUNK: tl.constexpr, BLOCK: tl.constexpr, WHOLE_ROW: tl.constexpr):
+    """Program (row, chunk): the chunk's best value and its first column (WHOLE_ROW: one chunk a row, whose
+    column is the row's token, stored in `out`). Each lane keeps the best value it saw and its first
+    column, then the best lane with the smallest column wins (torch's rule: the first maximal index).
+    NOTE: NaN counts as +inf."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     lanes = tl.arange(0, BLOCK)
@@ -36,8 +37,12 @@ def _argmax_chunk_kernel(logits_ptr, best_ptr, best_col_ptr, stride, vocab, num_
         best = tl.where(better, x, best)
         best_col = tl.where(better, cols, best_col)
     top = tl.max(best, axis=0)
-    tl.store(best_ptr + row * num_chunks + chunk, top)
-    tl.store(best_col_ptr + row * num_chunks + chunk, tl.min(tl.where(best == top, best_col, 2**31 - 1), axis=0))
+    first = tl.min(tl.where(best == top, best_col, 2**31 - 1), axis=0)
+    if WHOLE_ROW:
+        tl.store(out_ptr + row, first.to(tl.int64))
+    else:
+        tl.store(best_ptr + row * num_chunks + chunk, top)
+        tl.store(best_col_ptr + row * num_chunks + chunk, first)
 
 
 @triton.jit
@@ -52,31 +57,38 @@ def _argmax_combine_kernel(best_ptr, best_col_ptr, out_ptr, num_chunks, CHUNKS: 
     tl.store(out_ptr + row, tl.min(tl.where(best == top, cols, 2**31 - 1), axis=0).to(tl.int64))
 
 
-# a program's share of a row: 4,096 logits (8 KB in 16-bit), 2 tiles of 2,048
-ARGMAX_CHUNK, ARGMAX_BLOCK = 4096, 2048
+# rows of at least CHUNKED_VOCAB logits go in chunks of ARGMAX_CHUNK (8 KB in 16-bit), tiles of ARGMAX_BLOCK
+CHUNKED_VOCAB, ARGMAX_CHUNK, ARGMAX_BLOCK = 65536, 4096, 2048
 
 
 def argmax(logits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """logits: [rows, vocab] (any float dtype) -> [rows] int64, each row's first maximal column.
 
-    Why chunks: one program a row walked the row a tile at a time, each tile's load waiting for the one
-    before (Llama-3-8B's 128,256 logits: 16-18 us a step of 1 to 50 rows on an H200, 2026-12-02 profile).
-    Here programs of 4,096 logits each find their chunk's best, and a second kernel picks each row's
-    first chunk holding the best: two short launches."""
+    Why chunks for big vocabularies: one program a row walks the row a tile at a time, each tile's load
+    waiting for the one before: Llama-3-8B's 128,256 logits took 16-18 us a step of 1 to 50 rows on an
+    H200 (2026-12-02 profile), in chunks 3-4.5 us plus a 1 us second kernel that picks each row's first
+    chunk holding the best. NOTE: smaller vocabularies (32,000, 49,152: 5 us a row) keep one launch of
+    one program a row: the second launch's host time slowed the host-bound SmolLM2 single stream (1,677
+    and 1,765 tok/s with one launch, 1,417 and 1,440 with two; same call, 2026-12-02)."""
     rows, vocab = logits.shape
     assert logits.stride(1) == 1 and vocab < 2**31 - 1
     out = torch.empty(rows, dtype=torch.int64, device=logits.device) if out is None else out
     assert out.shape == (rows,) and out.dtype == torch.int64
-    if rows:
-        chunk = min(ARGMAX_CHUNK, triton.next_power_of_2(vocab))
-        block = min(ARGMAX_BLOCK, chunk)
-        num_chunks = triton.cdiv(vocab, chunk)
-        best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
-        best_col = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
-        _argmax_chunk_kernel[(rows, num_chunks)](logits, best, best_col, logits.stride(0), vocab, num_chunks,
-                                                 CHUNK=chunk, BLOCK=block, num_warps=4)
-        _argmax_combine_kernel[(rows,)](best, best_col, out, num_chunks,
-                                        CHUNKS=max(16, triton.next_power_of_2(num_chunks)), num_warps=1)
+    if not rows:
+        return out
+    if vocab < CHUNKED_VOCAB:
+        block = min(8192, triton.next_power_of_2(vocab))
+        _argmax_chunk_kernel[(rows, 1)](logits, out, out, out, logits.stride(0), vocab, 1,
+                                        CHUNK=triton.cdiv(vocab, block) * block, BLOCK=block, WHOLE_ROW=True,
+                                        num_warps=min(16, max(1, block // 512)))
+        return out
+    num_chunks = triton.cdiv(vocab, ARGMAX_CHUNK)
+    best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
+    best_col = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
+    _argmax_chunk_kernel[(rows, num_chunks)](logits, best, best_col, out, logits.stride(0), vocab, num_chunks,
+                                             CHUNK=ARGMAX_CHUNK, BLOCK=ARGMAX_BLOCK, WHOLE_ROW=False, num_warps=4)
+    _argmax_combine_kernel[(rows,)](best, best_col, out, num_chunks, CHUNKS=triton.next_power_of_2(num_chunks),
+                                    num_warps=1)
     return out
 
 
@@ -108,25 +120,3 @@ def fill_pending_ids_ref(input_ids: torch.Tensor, pending_src: torch.Tensor, sam
     taken = pending_src >= 0
     input_ids[taken] = sampled[pending_src[taken]]
 
-
-@triton.jit
-def _copy_words_kernel(dst_ptr, src_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(dst_ptr + i, tl.load(src_ptr + i, mask=i < n), mask=i < n)
-
-
-def copy_words(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """dst[:] = src, two int32 tensors of one size on one device, copied by a kernel.
-
-    Why a kernel: a copy through the copy engine on a step's stream costs the stream two hand-overs
-    between the copy engine and the multiprocessors (~7 us each on an H200), where a kernel follows the
-    kernel before it at once (cuda_graphs._StaticInputs stages a step's inputs so)."""
-    n = dst.numel()
-    assert src.shape == dst.shape and src.dtype == dst.dtype == torch.int32 and src.is_contiguous() and dst.is_contiguous()
-    if n:
-        block = min(4096, triton.next_power_of_2(n))
-        _copy_words_kernel[(triton.cdiv(n, block),)](dst, src, n, BLOCK=block, num_warps=4)
-
-
-def copy_words_ref(dst: torch.Tensor, src: torch.Tensor) -> None:
-    dst.copy_(src)

@@ -15,7 +15,6 @@ from kernel_cases import (
     check_argmax,
     check_backends_agree,
     check_decode,
-    check_copy_words,
     check_fill_pending_ids,
     check_gemv,
     check_prefill,
@@ -137,11 +136,6 @@ def test_projections_of_a_few_tokens_match_reference(n, k, rows, dtype, config):
 @pytest.mark.parametrize("rows,vocab", [(1, 32000), (7, 128256), (64, 49152)])  # the three shapes' vocabularies
 def test_argmax_picks_the_first_maximum_like_torch(rows, vocab, dtype):
     check_argmax(rows, vocab, dtype, "cuda")
-
-
-@pytest.mark.parametrize("n", [1, 4099, 300000])  # words: one program of up to 4,096, or several
-def test_step_inputs_are_copied_word_for_word(n):
-    check_copy_words(n, "cuda")
 
 
 @pytest.mark.parametrize("n", [1, 512, 16384])
