@@ -171,8 +171,8 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        if len(self.seqs) != self.params.n:
-            return False  # NOTE: its other choices are not forked yet
+        if not self.is_forked:
+            return False  # NOTE: its other choices do not exist yet
         for seq in self.seqs:  # a loop, not all(): read for every request of every step
             if seq.status is not SequenceStatus.FINISHED:
                 return False

@@ -119,4 +119,3 @@ def fill_pending_ids(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled
 def fill_pending_ids_ref(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled: torch.Tensor) -> None:
     taken = pending_src >= 0
     input_ids[taken] = sampled[pending_src[taken]]
-
