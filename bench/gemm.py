@@ -34,6 +34,7 @@ import triton.testing
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from bento_pagedllm.kernels.activation import silu_and_mul, silu_and_mul_tile
+from bento_pagedllm.kernels.swiglu_gemm import _tile_position, interleave_gate_up, swiglu_gemm
 from single_stream import copy_bandwidth, device_facts, save
 
 SHAPES = [  # (name, N, K): y = x W^T, W [N, K]
@@ -46,15 +47,6 @@ SHAPES = [  # (name, N, K): y = x W^T, W [N, K]
 # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps): the rows of x by the rows of W a tile
 CONFIGS = [(128, 128, 64, 4, 8), (128, 256, 64, 3, 8), (64, 128, 64, 5, 4), (64, 256, 64, 4, 4),
            (128, 128, 128, 3, 8), (128, 64, 64, 5, 4)]
-
-
-@triton.jit
-def _tile_position(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    """The (row block, column block) of output tile `tile`: GROUP_M row blocks at a time, for L2."""
-    group = tile // (GROUP_M * num_n)
-    first_m = group * GROUP_M
-    group_rows = tl.minimum(num_m - first_m, GROUP_M)
-    return first_m + (tile % group_rows), (tile % (GROUP_M * num_n)) // group_rows
 
 
 @triton.jit
@@ -103,31 +95,6 @@ def _persistent_swiglu_kernel(x_desc, w_desc, y_desc, M, N, K, NUM_SMS: tl.const
         y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], y)
 
 
-@triton.jit
-def _persistent_interleaved_swiglu_kernel(x_desc, w_desc, y_desc, M, N, K, NUM_SMS: tl.constexpr,
-                                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                          GROUP_M: tl.constexpr):
-    """y = silu(x W_gate^T) * (x W_up^T) with W's rows interleaved in blocks of BLOCK_N / 2 (`interleave`):
-    each tile is one plain BLOCK_M x BLOCK_N product, the gate half of its columns then the up half, split
-    in the epilogue. N: y's columns."""
-    HALF: tl.constexpr = BLOCK_N // 2
-    num_m, num_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, HALF)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
-        pid_m, pid_n = _tile_position(tile, num_m, num_n, GROUP_M)
-        acc = _tile_product(x_desc, w_desc, pid_m, pid_n, k_tiles, BLOCK_M, BLOCK_N, BLOCK_K)
-        gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))  # [BLOCK_M, HALF] each
-        dtype = y_desc.dtype
-        y_desc.store([pid_m * BLOCK_M, pid_n * HALF],
-                     silu_and_mul_tile(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), dtype))
-
-
-def interleave(w: torch.Tensor, half: int) -> torch.Tensor:
-    """[W_gate; W_up] ([2N, K]) -> blocks of `half` gate rows, each followed by the same up rows."""
-    n2, k = w.shape
-    return w.view(2, n2 // 2 // half, half, k).transpose(0, 1).reshape(n2, k)
-
-
 INTERLEAVED_CONFIGS = [(128, 256, 64, 3, 8), (128, 256, 64, 4, 8), (128, 128, 64, 4, 8), (128, 256, 32, 5, 8)]
 
 SWIGLU_CONFIGS = [(128, 128, 64, 3, 8), (128, 128, 64, 4, 8), (128, 64, 64, 4, 4), (128, 64, 64, 5, 8),
@@ -139,9 +106,9 @@ def triton_swiglu(x: torch.Tensor, w: torch.Tensor, config: tuple, out: torch.Te
 
 
 def triton_interleaved_swiglu(x: torch.Tensor, w: torch.Tensor, config: tuple, out: torch.Tensor) -> torch.Tensor:
-    """w: `interleave(gate_up, config's BLOCK_N / 2)`."""
-    return _launch_persistent(_persistent_interleaved_swiglu_kernel, x, w, w.shape[0] // 2, config, out,
-                              out_block_n=config[1] // 2)
+    """The model's kernel (kernels/swiglu_gemm.py); w: `interleave_gate_up(gate_up, config's BLOCK_N / 2)`."""
+    block_m, block_n, block_k, stages, warps = config
+    return swiglu_gemm(x, w, block_n // 2, config=(block_m, block_k, stages, warps))
 
 
 def measure_swiglu(name: str, n2: int, k: int, m: int, w: torch.Tensor) -> dict:
@@ -160,7 +127,8 @@ def measure_swiglu(name: str, n2: int, k: int, m: int, w: torch.Tensor) -> dict:
     for half in sorted({config[1] // 2 for config in INTERLEAVED_CONFIGS}):  # W interleaved once per block size
         configs = [c for c in INTERLEAVED_CONFIGS if c[1] // 2 == half]
         row.update(best_triton(f"triton_interleaved{half}", configs,
-                               lambda w, c: triton_interleaved_swiglu(x, w, c, out), ref, [interleave(w, half)], flops))
+                               lambda w, c: triton_interleaved_swiglu(x, w, c, out), ref, [interleave_gate_up(w, half)],
+                               flops))
     return row
 
 
@@ -168,18 +136,15 @@ def triton_matmul(x: torch.Tensor, w: torch.Tensor, config: tuple, out: torch.Te
     return _launch_persistent(_persistent_matmul_kernel, x, w, w.shape[0], config, out)
 
 
-def _launch_persistent(kernel, x: torch.Tensor, w: torch.Tensor, n: int, config: tuple, out: torch.Tensor,
-                       out_block_n: int | None = None):
-    """One program per multiprocessor (at most one per output tile); n: the output's columns;
-    `out_block_n`: a tile's output columns where they are not its W rows (BLOCK_N)."""
+def _launch_persistent(kernel, x: torch.Tensor, w: torch.Tensor, n: int, config: tuple, out: torch.Tensor):
+    """One program per multiprocessor (at most one per output tile); n: the output's columns."""
     block_m, block_n, block_k, stages, warps = config
-    out_block_n = out_block_n or block_n
     m, k = x.shape
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, out_block_n)
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
     kernel[(min(sms, tiles),)](
         TensorDescriptor.from_tensor(x, [block_m, block_k]), TensorDescriptor.from_tensor(w, [block_n, block_k]),
-        TensorDescriptor.from_tensor(out, [block_m, out_block_n]), m, n, k, NUM_SMS=sms, BLOCK_M=block_m,
+        TensorDescriptor.from_tensor(out, [block_m, block_n]), m, n, k, NUM_SMS=sms, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, num_stages=stages, num_warps=warps)
     return out
 

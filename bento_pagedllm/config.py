@@ -202,12 +202,16 @@ class DeviceConfig:
 MAX_MIXED_GRAPH_SEQS = 256
 # Steps of up to this many tokens project through kernels/gemv.py by default: up to 16 rows its tiles beat
 # cuBLAS plus the separate norm and activation kernels on every Llama-2-7B and Llama-3-8B projection
-# (H200, BENCHMARKS.md "Small decode batches through the tensor-core tiles"). NOTE: 32 made whole decode
-# steps of 17-32 sequences 2-5% faster (+0.2-0.5% Llama-3-8B offline) but a cold start 3-8 s slower (the
-# 32-row tiles' compiles and tuning: 29.5-34.1 s against 23.5-26.9 s with every tile compiled in one pool,
-# H200), so the default stays 16 (BENCHMARKS.md "Decode steps of 17-32 sequences through the tiles", "Start-up:
-# every row tile's configurations in one pool").
-FUSED_GEMV_ROWS = 16
+# (H200, BENCHMARKS.md "Small decode batches through the tensor-core tiles"); at 17-32 rows whole decode
+# steps ran ~3% faster through them (Llama-3-8B: 5.22-5.23 against 5.39-5.40 ms with TILE_32_SHAPES, 5.04
+# against 5.41 with every configuration, 2026-12-02), at 33-64 10% slower. NOTE: 32 costs a cold start the
+# 32-row tiles' compiles and timings (with every configuration: 29.5-34.1 s against 23.5-26.9 s, Llama-2-7B,
+# H200); kernels/gemv.py's TILE_32_SHAPES halves them (26.4-28.4 s against 22.4-27.4 s).
+FUSED_GEMV_ROWS = 32
+# Steps of at least this many tokens take the MLP's gate/up product and its SwiGLU as one GEMM on CUDA
+# (kernels/swiglu_gemm.py, compute capability 9+, 16-bit weights): prefill-sized steps, where the separate
+# activation kernel cost 0.35-0.55 ms a Llama-3-8B layer at 16,384 tokens; smaller steps keep cuBLAS.
+SWIGLU_GEMM_ROWS = 4096
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ def build_model(configs: EngineConfigs, source: ModelSource | None,
         model.init_dummy_weights(configs.device.seed)
     else:
         model.load_weights(iter_weights(source))
+    model.ops.prepare_weights(model.layers)  # NOTE: after loading: the layout the device's kernels read
     if device.type == "cpu":
         model.prepare_for_cpu(native_ops=configs.native_cpu_ops)
     model.eval()

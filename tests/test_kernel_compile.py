@@ -26,7 +26,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from bento_pagedllm.kernels import gemv, paged_decode, rotary
+from bento_pagedllm.kernels import gemv, paged_decode, rotary, swiglu_gemm
 
 POINTERS = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "counter_ptr": "*i32", "part_out_ptr": "*fp32",
             "part_max_ptr": "*fp32", "part_sum_ptr": "*fp32", "slot_mapping_ptr": "*i64",
@@ -77,6 +77,16 @@ for pdl in (False, True):
     constants = dict(NUM_HEADS=32, HEADS_PAD=32, NUM_KV_HEADS=8, KV_HEADS_PAD=8, HALF=64, BLOCK_SIZE=16,
                      USE_PDL=pdl)
     result[f"rotary pdl={pdl}"] = facts(ptx(rotary._rotary_store_kv_kernel, constants))
+# the SwiGLU GEMM of prefill steps: x and W through the tensor-memory accelerator, the tensor cores' wgmma
+constants = dict(NUM_SMS=132, BLOCK_M=128, BLOCK=128, BLOCK_K=64, GROUP_M=8)
+signature = {"x_desc": "tensordesc<bf16[128, 64]>", "w_desc": "tensordesc<bf16[256, 64]>",
+             "y_desc": "tensordesc<bf16[128, 128]>", "M": "i32", "N": "i32", "K": "i32",
+             **{name: "constexpr" for name in constants}}
+kernel = swiglu_gemm._swiglu_gemm_kernel
+source = ASTSource(fn=kernel, signature=signature,
+                   constexprs={(kernel.arg_names.index(n),): v for n, v in constants.items()})
+text = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3}).asm["ptx"]
+result["swiglu gemm"] = {"wgmma": text.count("wgmma.mma_async"), "tma": text.count("cp.async.bulk.tensor")}
 print(json.dumps(result))
 '''
 
@@ -127,3 +137,8 @@ def test_dependent_attention_kernels_wait_before_letting_the_next_launch(compile
 def test_plain_launches_emit_no_dependency_control(compiled, name):
     facts = compiled[f"{name} pdl=False"]
     assert facts["wait"] == facts["launch"] == -1 and facts["prefetches"] == 0
+
+
+def test_the_swiglu_gemm_compiles_for_hopper_with_tma_and_wgmma(compiled):
+    facts = compiled["swiglu gemm"]
+    assert facts["wgmma"] > 0 and facts["tma"] > 0

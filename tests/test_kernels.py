@@ -17,6 +17,7 @@ from kernel_cases import (  # NOTE: conftest.py sets TRITON_INTERPRET=1 first wh
     check_fill_pending_ids,
     check_gemv,
     check_model_with_fused_projections,
+    check_model_with_interleaved_gate_up,
     check_padded_mixed_step,
     check_prefill,
     check_rms_norm,
@@ -152,6 +153,39 @@ def test_a_model_step_with_fused_projections_matches_the_unfused_one(num_seqs):
     check_model_with_fused_projections(DEVICE, F16, num_seqs)
 
 
+@pytest.mark.parametrize("num_seqs", [1, 3])
+def test_a_model_step_reads_interleaved_gate_up_rows_on_every_path(num_seqs):
+    check_model_with_interleaved_gate_up(DEVICE, F16, num_seqs)
+
+
+def test_interleaved_gate_up_rows_give_the_same_activations():
+    """kernels/swiglu_gemm.py's layout: the SiLU kernel and the fused projection read it to the same bits
+    as the plain layout; the SwiGLU GEMM matches the model's unfused path on the plain weights."""
+    from bento_pagedllm.kernels.activation import silu_and_mul
+    from bento_pagedllm.kernels.gemv import add_rms_norm_gemv
+    from bento_pagedllm.kernels.swiglu_gemm import (deinterleave_gate_up, interleave_gate_up, swiglu_gemm,
+                                                   swiglu_gemm_ref)
+
+    block, inter, hidden = 16, 48, 64
+    gate_up = torch.randn(2 * inter, hidden, dtype=F16) / hidden**0.5
+    interleaved = interleave_gate_up(gate_up, block)
+    assert torch.equal(deinterleave_gate_up(interleaved, block), gate_up)
+    assert torch.equal(interleaved[block : 2 * block], gate_up[inter : inter + block])  # the first up block
+    products = torch.randn(5, 2 * inter, dtype=F16)
+    as_interleaved = interleave_gate_up(products.T.contiguous(), block).T.contiguous()
+    assert torch.equal(silu_and_mul(as_interleaved, interleave=block), silu_and_mul(products))
+    norm_weight = torch.randn(hidden, dtype=F16)
+    for rows, config in ((1, {"BLOCK_N": 4, "BLOCK_K": 32}), (5, {"BLOCK_N": 16, "BLOCK_K": 32})):
+        x = torch.randn(rows, hidden, dtype=F16)
+        plain, _ = add_rms_norm_gemv(x, None, norm_weight, 1e-5, gate_up, swiglu=True, config=config)
+        mixed, _ = add_rms_norm_gemv(x, None, norm_weight, 1e-5, interleaved, swiglu=True, config=config,
+                                     interleave=block)
+        assert torch.equal(mixed, plain)
+    x = torch.randn(37, hidden, dtype=F16)
+    torch.testing.assert_close(swiglu_gemm(x, interleaved, block, config=(32, 32, 2, 4)),
+                               swiglu_gemm_ref(x, interleaved, block), atol=2e-3, rtol=2e-3)
+
+
 def test_the_row_tiles_the_engine_tunes_at_start_up():
     """ModelRunner runs the LM head once per row tile at start-up (it runs outside the graphs, on any
     number of logit rows): one count per tile kernels/gemv.py may pick up to `fused_gemv_rows`."""
@@ -246,12 +280,14 @@ def test_a_projection_compiles_every_row_tile_it_will_use_at_its_first_call(monk
         if rows == 1:  # everything compiled at the first call, with its arguments (M = 1)
             assert {args for _, args, _, _ in warmups} == {(1, inter, hidden, hidden, 1e-5)}
             assert {grid for _, _, grid, _ in warmups} == {(1,)}
-    row_configs, tile_configs = (gemv._prune(c, {"K": hidden}) for c in (gemv._row_configs(), gemv._tile_configs()))
-    assert len(warmups) == len(row_configs) + 2 * len(tile_configs)  # each once, nothing at the later calls
+    row_configs = gemv._prune(gemv._row_configs(), {"K": hidden}, BLOCK_M=1)
+    tile_configs = {m: gemv._prune(gemv._tile_configs(), {"K": hidden}, BLOCK_M=m) for m in (16, 32)}
+    assert len(tile_configs[32]) < len(tile_configs[16])  # the 32-row tile tries fewer (TILE_32_SHAPES)
+    assert len(warmups) == len(row_configs) + len(tile_configs[16]) + len(tile_configs[32])  # each once
     # each launch's flags are those its tile's configurations were compiled with
     assert [flags["BLOCK_M"] for flags in launches] == [1, 16, 32, 16]
     for flags in launches:
-        configs = row_configs if flags["BLOCK_M"] == 1 else tile_configs
+        configs = row_configs if flags["BLOCK_M"] == 1 else tile_configs[flags["BLOCK_M"]]
         compiled = sorted(str(kwargs) for _, _, _, kwargs in warmups if kwargs["BLOCK_M"] == flags["BLOCK_M"])
         assert compiled == sorted(str({**flags, **c.all_kwargs()}) for c in configs)
     assert all(flags["launch_pdl"] and flags["USE_PDL"] for flags in launches)  # every tile a dependent launch
@@ -260,5 +296,5 @@ def test_a_projection_compiles_every_row_tile_it_will_use_at_its_first_call(monk
     # a second projection: no compile alone any more (the kernel's device cache exists)
     warmups.clear()
     gemv.gemv(torch.randn(1, hidden), torch.randn(64, hidden), pdl=True, row_tiles=(1, 16))
-    assert len(warmups) == len(row_configs) + len(tile_configs)
+    assert len(warmups) == len(row_configs) + len(tile_configs[16])
     assert all(thread != main for thread, _, _, _ in warmups)

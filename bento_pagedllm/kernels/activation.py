@@ -21,17 +21,24 @@ def silu_and_mul_tile(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr, INTERLEAVE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    if INTERLEAVE:  # blocks of INTERLEAVE gate columns, each followed by the same up columns
+        gate_cols = cols // INTERLEAVE * 2 * INTERLEAVE + cols % INTERLEAVE
+        up_cols = gate_cols + INTERLEAVE
+    else:  # the gate columns, then the up columns
+        gate_cols = cols
+        up_cols = cols + inter
+    gate = tl.load(x_ptr + row * stride_x + gate_cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + up_cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, silu_and_mul_tile(gate, up, out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, 2 * intermediate] (gate then up) -> [num_tokens, intermediate]."""
+def silu_and_mul(x: torch.Tensor, interleave: int = 0) -> torch.Tensor:
+    """x: [num_tokens, 2 * intermediate] (gate then up; with `interleave`, blocks of that many gate columns
+    each followed by the same up columns: kernels/swiglu_gemm.py's layout) -> [num_tokens, intermediate]."""
     num_tokens, width = x.shape
     assert width % 2 == 0 and x.stride(-1) == 1
     inter = width // 2
@@ -39,7 +46,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(inter))
     if num_tokens:
         _silu_and_mul_kernel[(num_tokens, triton.cdiv(inter, block))](
-            x, out, x.stride(0), out.stride(0), inter, BLOCK=block, num_warps=4,
+            x, out, x.stride(0), out.stride(0), inter, BLOCK=block, INTERLEAVE=interleave, num_warps=4,
             enable_fp_fusion=False,  # NOTE: keep each rounding torch does (see rotary.py)
         )
     return out

@@ -63,6 +63,7 @@ def _gemv_kernel(
     M, N, K, stride_w, eps,
     ADD_RESIDUAL: tl.constexpr, RMS_NORM: tl.constexpr, SWIGLU: tl.constexpr, ADD_TO_OUTPUT: tl.constexpr,
     USE_PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    INTERLEAVE: tl.constexpr = 0,
 ):
     """One program: all M rows of x against BLOCK_N rows of W (with SWIGLU, BLOCK_N gate rows and the
     BLOCK_N up rows N below them). BLOCK_M 1: float32 products summed once at the end (CUDA cores);
@@ -72,8 +73,12 @@ def _gemv_kernel(
     token_mask = tokens < M
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]: rows of W, columns of the output
     row_mask = rows < N
-    w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_w  # [BLOCK_N, 1]
-    up_rows = w_ptr + (rows + N).to(tl.int64)[:, None] * stride_w  # [BLOCK_N, 1]: SWIGLU's up rows
+    # SWIGLU: W's gate rows, then its up rows; with INTERLEAVE, blocks of that many gate rows each followed by
+    # the same up rows (kernels/swiglu_gemm.py)
+    gate_index = rows // INTERLEAVE * 2 * INTERLEAVE + rows % INTERLEAVE if INTERLEAVE else rows  # [BLOCK_N]
+    up_index = gate_index + INTERLEAVE if INTERLEAVE else rows + N
+    w_rows = w_ptr + gate_index.to(tl.int64)[:, None] * stride_w  # [BLOCK_N, 1]
+    up_rows = w_ptr + up_index.to(tl.int64)[:, None] * stride_w  # [BLOCK_N, 1]: SWIGLU's up rows
     x_rows = x_ptr + tokens[:, None] * K  # [BLOCK_M, 1]; NOTE: x, residual contiguous
     dtype = x_ptr.dtype.element_ty
     # NOTE: a plain one-row GEMV (o, down: no norm prologue) double-buffers W in registers: the next tile is
@@ -91,10 +96,10 @@ def _gemv_kernel(
         if BLOCK_M > 1 or RMS_NORM:  # not double-buffered
             tl.static_assert(BLOCK_K >= 64, "a prefetch per 64 columns: a 128-byte line of 16-bit weights")
             lines = tl.minimum(tl.arange(0, BLOCK_K // 64) * 64, K - 1)[None, :]  # [1, BLOCK_K / 64]
-            safe_rows = tl.minimum(rows, N - 1)  # [BLOCK_N]
+            safe_rows = tl.minimum(gate_index, (2 * N if INTERLEAVE else N) - 1)  # [BLOCK_N]
             prefetch_to_l2(w_ptr + safe_rows.to(tl.int64)[:, None] * stride_w + lines)
             if SWIGLU:
-                prefetch_to_l2(w_ptr + (safe_rows + N).to(tl.int64)[:, None] * stride_w + lines)
+                prefetch_to_l2(w_ptr + tl.minimum(up_index, 2 * N - 1).to(tl.int64)[:, None] * stride_w + lines)
         gdc_wait()
         if BLOCK_M == 1:
             gdc_launch_dependents()
@@ -194,10 +199,23 @@ def _tile_configs() -> list[triton.Config]:
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s) for n, k, w, s in shapes]
 
 
+# NOTE: the 32-row tile tries half the tile configurations: each one costs every projection a compile and a
+# timing at a cold start, and the 32-row tiles' full set made a Llama-2-7B cold start 6-10 s slower (H200,
+# 2026-12-01). These four are the most frequent winners at 32 rows over the Llama-2-7B and Llama-3-8B
+# projections in bench/results/h200-2026-12-01j (small row blocks for N = 4,096, big ones for gate/up and
+# the LM head).
+TILE_32_SHAPES = {(32, 256, 4, 4), (64, 128, 4, 6), (128, 64, 4, 4), (128, 128, 8, 3)}
+
+
 def _prune(configs, named_args, **kwargs):
-    """Column tiles wider than the row waste their masked lanes: keep those up to the row's width."""
+    """Column tiles wider than the row waste their masked lanes: keep those up to the row's width; the
+    32-row tile keeps TILE_32_SHAPES only."""
     width = max(128, triton.next_power_of_2(named_args["K"]))
-    return [c for c in configs if c.kwargs["BLOCK_K"] <= width]
+    kept = [c for c in configs if c.kwargs["BLOCK_K"] <= width]
+    if kwargs.get("BLOCK_M") == 32:
+        kept = [c for c in kept if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
+                in TILE_32_SHAPES] or kept
+    return kept
 
 
 def _quick_bench(kernel_call, quantiles):
@@ -209,7 +227,7 @@ def _autotuned(configs: list[triton.Config]):
     """NOTE: tuned per row tile (BLOCK_M: 1, 16, 32 or 64) too: a decode graph's batch picks its tile."""
     return triton.autotune(
         configs=configs,
-        key=["N", "K", "BLOCK_M", "ADD_RESIDUAL", "RMS_NORM", "SWIGLU", "ADD_TO_OUTPUT", "USE_PDL"],
+        key=["N", "K", "BLOCK_M", "ADD_RESIDUAL", "RMS_NORM", "SWIGLU", "ADD_TO_OUTPUT", "USE_PDL", "INTERLEAVE"],
         do_bench=_quick_bench, prune_configs_by={"early_config_prune": _prune},
     )(_gemv_kernel)
 
@@ -268,15 +286,15 @@ def row_tile(num_rows: int) -> int:
     return 1 if num_rows == 1 else max(16, triton.next_power_of_2(num_rows))
 
 
-def _flags(residual, norm_weight, swiglu: bool, addend, pdl: bool, block_m: int) -> dict:
+def _flags(residual, norm_weight, swiglu: bool, addend, pdl: bool, block_m: int, interleave: int) -> dict:
     """The kernel's flags and launch options for a row tile of a projection."""
     return dict(ADD_RESIDUAL=residual is not None, RMS_NORM=norm_weight is not None, SWIGLU=swiglu,
-                ADD_TO_OUTPUT=addend is not None, USE_PDL=pdl, BLOCK_M=block_m,
+                ADD_TO_OUTPUT=addend is not None, USE_PDL=pdl, BLOCK_M=block_m, INTERLEAVE=interleave,
                 launch_pdl=pdl, enable_fp_fusion=False)  # NOTE: keep each rounding torch does
 
 
 def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, swiglu=False, addend=None, pdl=False,
-            config=None, row_tiles=()):
+            config=None, row_tiles=(), interleave=0):
     """x: [M, K], weight: [N, K] ([2N, K] with swiglu) -> ([M, N], x + residual or None). `row_tiles`: the
     other row tiles the caller launches this projection with: compiled ahead with this call's."""
     n, k = weight.shape
@@ -284,6 +302,7 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, swiglu=False, a
     m = x.shape[0]
     assert x.is_contiguous() and weight.stride(1) == 1 and x.shape[1] == k, (x.shape, weight.shape)
     assert not swiglu or weight.shape[0] == 2 * n
+    assert not interleave or (swiglu and n % interleave == 0), (interleave, n)
     assert residual is None or (residual.shape == x.shape and residual.is_contiguous())
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     total = torch.empty_like(x) if residual is not None else out  # NOTE: `out` is a placeholder, never written
@@ -293,7 +312,7 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, swiglu=False, a
     block_m = row_tile(m)
     args = (x, residual if residual is not None else x, norm_weight if norm_weight is not None else x,
             weight, addend if addend is not None else x, out, total, m, n, k, weight.stride(0), eps)
-    flags = _flags(residual, norm_weight, swiglu, addend, pdl, block_m)
+    flags = _flags(residual, norm_weight, swiglu, addend, pdl, block_m, interleave)
     config = config or (INTERPRETER_CONFIGS and INTERPRETER_CONFIGS[block_m > 1])
     if config is None:
         def variant(tile_flags: dict) -> tuple:
@@ -306,10 +325,11 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, swiglu=False, a
         if variant(flags) not in _compiled_ahead:
             launches = []
             for tile in sorted({block_m, *row_tiles}):
-                tile_flags = _flags(residual, norm_weight, swiglu, addend, pdl, tile)
+                tile_flags = _flags(residual, norm_weight, swiglu, addend, pdl, tile, interleave)
                 if variant(tile_flags) not in _compiled_ahead:
                     _compiled_ahead.add(variant(tile_flags))
-                    launches += [{**tile_flags, **c.all_kwargs()} for c in _prune(_tuner(tile).configs, {"K": k})]
+                    launches += [{**tile_flags, **c.all_kwargs()}
+                                 for c in _prune(_tuner(tile).configs, {"K": k}, BLOCK_M=tile)]
             compile_configs_ahead(_gemv_kernel, launches, args, x.device)
         _tuner(block_m)[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
     else:
@@ -329,14 +349,16 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, addend: torch.Tensor | None = No
 def add_rms_norm_gemv(
     x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
     swiglu: bool = False, pdl: bool = False, config: dict | None = None, row_tiles: tuple[int, ...] = (),
+    interleave: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(x + residual) @ weight.T, x + residual); with no residual, (rms_norm(x) @ weight.T, x).
 
-    swiglu: weight is the fused [gate; up] matrix, [2N, K]; the first result is silu(gate) * up, [M, N]
-    (the MLP's activation, so the down projection reads one plain vector)."""
+    swiglu: weight is the fused [gate; up] matrix, [2N, K] (with `interleave`, its rows interleaved in
+    blocks of that many: kernels/swiglu_gemm.py); the first result is silu(gate) * up, [M, N] (the MLP's
+    activation, so the down projection reads one plain vector)."""
     assert norm_weight.dtype == x.dtype, "the fused norm keeps the input dtype"
     out, total = _launch(x, weight, residual, norm_weight, eps, swiglu=swiglu, pdl=pdl, config=config,
-                         row_tiles=row_tiles)
+                         row_tiles=row_tiles, interleave=interleave)
     return out, (x if residual is None else total)
 
 

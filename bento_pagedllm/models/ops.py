@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import write_kv_cache_ref
-from ..config import FUSED_GEMV_ROWS
+from ..config import FUSED_GEMV_ROWS, SWIGLU_GEMM_ROWS
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -65,6 +65,9 @@ class ComposedOps:
         """(silu(gate) * up, x + residual) of the fused gate/up projection over rms_norm(x + residual)."""
         out, residual = self.norm_and_project(x, residual, norm_weight, eps, gate_up)
         return self.silu_and_mul(out), residual
+
+    def prepare_weights(self, layers) -> None:
+        """Lay the loaded weights out as this path's kernels read them (nothing here)."""
 
     def row_counts_to_tune(self) -> tuple[int, ...]:
         """A row count for each kernel variant a projection may pick by its row count (none here)."""
@@ -132,18 +135,48 @@ class TritonOps(ComposedOps):
     launch as programmatic dependents of the kernel before them (compute capability 9+ only).
     """
 
-    def __init__(self, fused_gemv_rows: int = FUSED_GEMV_ROWS, dependent_launch: bool = False) -> None:
-        from ..kernels import activation, gemv, rms_norm as norm, rotary
+    def __init__(self, fused_gemv_rows: int = FUSED_GEMV_ROWS, dependent_launch: bool = False,
+                 swiglu_gemm_rows: int = SWIGLU_GEMM_ROWS) -> None:
+        from ..kernels import activation, gemv, rms_norm as norm, rotary, swiglu_gemm
 
         if not 0 <= fused_gemv_rows <= gemv.MAX_ROWS:
             raise ValueError(f"fused_gemv_rows must be 0 to {gemv.MAX_ROWS}, not {fused_gemv_rows}")
         self._norm, self._fused_norm = norm.rms_norm, norm.fused_add_rms_norm
-        self._rotary_store_kv, self.silu_and_mul = rotary.rotary_and_store_kv, activation.silu_and_mul
-        self._gemv = gemv
+        self._rotary_store_kv, self._silu_and_mul = rotary.rotary_and_store_kv, activation.silu_and_mul
+        self._gemv, self._swiglu_gemm = gemv, swiglu_gemm
         self.fused_gemv_rows = fused_gemv_rows
         self.pdl = dependent_launch
         # NOTE: every row tile a projection will run with, compiled together at its first call (kernels/gemv.py)
         self._gemv_options = dict(pdl=dependent_launch, row_tiles=self.row_counts_to_tune())
+        self.swiglu_gemm_rows = swiglu_gemm_rows
+        # NOTE: set by prepare_weights: the gate/up rows interleaved in blocks of this many (0: gate rows, then up)
+        self.gate_up_interleave = 0
+
+    def prepare_weights(self, layers) -> None:
+        """Interleave each gate/up matrix's rows in blocks of INTERLEAVE (kernels/swiglu_gemm.py), so that
+        steps of `swiglu_gemm_rows` tokens or more take the activation in the product's epilogue: where
+        the GPU has the tensor-memory accelerator (compute capability 9+), the weights are 16-bit and every
+        layer's (this rank's) intermediate size is a multiple of it. NOTE: once, after loading; every path
+        of this class then reads that layout (`gate_up_interleave`)."""
+        from ..kernels.swiglu_gemm import INTERLEAVE
+
+        weights = [layer.gate_up_proj.weight for layer in layers]
+        if (self.gate_up_interleave or not weights or self.swiglu_gemm_rows <= 0
+                or not all(w.is_cuda and w.dtype in (torch.float16, torch.bfloat16)
+                           and w.shape[0] % (2 * INTERLEAVE) == 0 for w in weights)
+                or torch.cuda.get_device_capability(weights[0].device)[0] < 9):
+            return
+        self.interleave_gate_up(weights, INTERLEAVE)
+
+    @torch.no_grad()
+    def interleave_gate_up(self, weights: list[torch.Tensor], block: int) -> None:
+        """Interleave the gate/up matrices' rows in blocks of `block`, in place; the kernels read them so."""
+        for weight in weights:
+            weight.copy_(self._swiglu_gemm.interleave_gate_up(weight, block))
+        self.gate_up_interleave = block
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        return self._silu_and_mul(x, interleave=self.gate_up_interleave)
 
     def row_counts_to_tune(self) -> tuple[int, ...]:
         """One row count per row tile of kernels/gemv.py up to `fused_gemv_rows` (1, 16, 32, 64)."""
@@ -165,11 +198,15 @@ class TritonOps(ComposedOps):
 
     def norm_and_activate(self, x, residual, norm_weight, eps, gate_up):
         """NOTE: a rank's gate/up shard is its gate rows then the matching up rows (distributed/layers.py),
-        the layout the kernel's epilogue expects; column-parallel, so nothing to reduce."""
-        if not self._fused(x, gate_up.weight):
-            return super().norm_and_activate(x, residual, norm_weight, eps, gate_up)
-        return self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, gate_up.weight, swiglu=True,
-                                            **self._gemv_options)
+        interleaved in blocks by `prepare_weights` where it applies, the layouts the kernels' epilogues
+        read; column-parallel, so nothing to reduce."""
+        if self._fused(x, gate_up.weight):
+            return self._gemv.add_rms_norm_gemv(x, residual, norm_weight, eps, gate_up.weight, swiglu=True,
+                                                interleave=self.gate_up_interleave, **self._gemv_options)
+        if self.gate_up_interleave and x.shape[0] >= self.swiglu_gemm_rows:
+            normed, residual = self.add_rms_norm(x, residual, norm_weight, eps)
+            return self._swiglu_gemm.swiglu_gemm(normed, gate_up.weight, self.gate_up_interleave), residual
+        return super().norm_and_activate(x, residual, norm_weight, eps, gate_up)
 
     def project(self, x, linear, residual):
         """The residual joins the projection's output in the kernel where no all-reduce comes between."""

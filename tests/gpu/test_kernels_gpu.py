@@ -141,3 +141,29 @@ def test_argmax_picks_the_first_maximum_like_torch(rows, vocab, dtype):
 @pytest.mark.parametrize("n", [1, 512, 16384])
 def test_pending_input_ids_come_from_the_sampled_rows(n):
     check_fill_pending_ids(n, "cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="the tensor-memory accelerator needs compute capability 9+")
+@pytest.mark.parametrize("rows,inter,hidden", [(4096, 1024, 4096), (5000, 14336, 4096), (300, 14336, 4096)])  # ragged rows; 8B's MLP
+def test_swiglu_gemm_matches_the_unfused_path(rows, inter, hidden):
+    """kernels/swiglu_gemm.py in bfloat16 against cuBLAS then the SiLU kernel on the plain layout: the
+    products differ only in summation order (float32 both), then both round as the model does, so a gate
+    or up value may round an ulp apart (2^-8 relative): bf16's budget of torch.testing, plus 2e-2 for an
+    output near zero whose |up| or |gate| (N(0, 1) here) is up to ~4; and the fused projections read the
+    interleaved layout to the same bits as the plain one."""
+    from bento_pagedllm.kernels.gemv import add_rms_norm_gemv
+    from bento_pagedllm.kernels.swiglu_gemm import INTERLEAVE, interleave_gate_up, swiglu_gemm, swiglu_gemm_ref
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(rows, hidden, device="cuda", dtype=BF16, generator=generator)
+    gate_up = torch.randn(2 * inter, hidden, device="cuda", dtype=BF16, generator=generator) * hidden**-0.5
+    interleaved = interleave_gate_up(gate_up, INTERLEAVE)
+    got, want = swiglu_gemm(x, interleaved, INTERLEAVE).float(), swiglu_gemm_ref(x, interleaved, INTERLEAVE).float()
+    torch.testing.assert_close(got, want, rtol=1.6e-2, atol=2e-2)
+    norm_weight = torch.ones(hidden, device="cuda", dtype=BF16)
+    for m, config in ((1, ONE_ROW), (16, ROWS)):
+        plain, _ = add_rms_norm_gemv(x[:m], None, norm_weight, 1e-5, gate_up, swiglu=True, config=config)
+        mixed, _ = add_rms_norm_gemv(x[:m], None, norm_weight, 1e-5, interleaved, swiglu=True, config=config,
+                                     interleave=INTERLEAVE)
+        assert torch.equal(mixed, plain)
