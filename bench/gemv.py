@@ -15,13 +15,22 @@ SiLU-and-multiply kernel the model launches otherwise.
     python bench/gemv.py --rows 1,2,4,8,16,32,64 --out bench/results/gemv.json
 
 (Rows above kernels/gemv.py's MAX_ROWS time cuBLAS alone: where the crossover lies.)
+
+`--sweep` times the tensor-core tile (dependent launch on where the GPU has it) in every configuration of
+a grid wider than the autotuner's (`sweep_configs`), per shape and row count, beside the autotuner's
+choice: where a projection of a few rows reads W slower than the one-row kernel, whether another tile
+shape would close it.
+
+    python bench/gemv.py --sweep --rows 16 --shapes "llama3-8b qkv,llama3-8b down,llama2-7b o"
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import triton.testing
@@ -46,6 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default="1", help="tokens per step, comma-separated")
     parser.add_argument("--shapes", default="", help="only the shapes whose name starts with one of these")
+    parser.add_argument("--sweep", action="store_true", help="every tile configuration of sweep_configs()")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype, eps = torch.bfloat16, 1e-5
@@ -57,7 +67,7 @@ def main() -> None:
             continue
         w = torch.randn(n, k, device="cuda", dtype=dtype) * k**-0.5
         for m in map(int, args.rows.split(",")):
-            rows.append(measure(name, n, k, prologue, m, w, eps))
+            rows.append((sweep if args.sweep else measure)(name, n, k, prologue, m, w, eps))
             print(json.dumps(rows[-1]), flush=True)
         del w
     configs = {str(key): str(cfg) for tuner in (gemv._tuned_one_row, gemv._tuned_rows)
@@ -70,26 +80,76 @@ def main() -> None:
             json.dump(result, f, indent=2)
 
 
-def measure(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float) -> dict:
-    """Time one projection of m tokens: fused (as the model calls it; with dependent launch where the GPU
-    has it), cuBLAS with the separate kernels, cuBLAS alone."""
+def _calls(n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float):
+    """(fused(pdl, w, config=None), unfused(w)) for m tokens, as the model calls them: the norm's input is
+    already the residual sum, o and down add the residual."""
     dtype = w.dtype
     x = torch.randn(m, k, device="cuda", dtype=dtype)
-    # as the model calls them: the norm's input is already the residual sum, o and down add the residual
     res, g = torch.randn(m, k, device="cuda", dtype=dtype), torch.ones(k, device="cuda", dtype=dtype)
     addend = torch.randn(m, n, device="cuda", dtype=dtype)
     if prologue == "norm":
-        fused = lambda pdl, w: gemv.add_rms_norm_gemv(x, None, g, eps, w, pdl=pdl)  # noqa: E731
+        fused = lambda pdl, w, config=None: gemv.add_rms_norm_gemv(x, None, g, eps, w, pdl=pdl, config=config)  # noqa: E731
         unfused = lambda w: torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w)  # noqa: E731
     elif prologue == "swiglu":
-        fused = lambda pdl, w: gemv.add_rms_norm_gemv(x, None, g, eps, w, swiglu=True, pdl=pdl)  # noqa: E731
+        fused = lambda pdl, w, config=None: gemv.add_rms_norm_gemv(  # noqa: E731
+            x, None, g, eps, w, swiglu=True, pdl=pdl, config=config)
         unfused = lambda w: activation.silu_and_mul(  # noqa: E731
             torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w))
     else:
-        fused = lambda pdl, w: gemv.gemv(x, w, addend, pdl=pdl)  # noqa: E731
+        fused = lambda pdl, w, config=None: gemv.gemv(x, w, addend, pdl=pdl, config=config)  # noqa: E731
         unfused = lambda w: torch.nn.functional.linear(x, w)  # noqa: E731
+    return fused, unfused, x
+
+
+def _weight_copies(w: torch.Tensor) -> list[torch.Tensor]:
+    """W and enough copies of it to make 256 MB or more (see the module's docstring)."""
+    return [w] + [w.clone() for _ in range(-(-(256 << 20) // (w.numel() * w.element_size())) - 1)]
+
+
+def _timed_us(fn, copies: list[torch.Tensor]) -> float:
+    return triton.testing.do_bench_cudagraph(lambda: [fn(c) for c in copies], rep=50) * 1e3 / len(copies)
+
+
+def sweep_configs(k: int) -> list[dict]:
+    """Tiles of 16 to 64 W rows by 128 to 512 columns (up to K), 3 to 6 pipeline stages, 2 or 4 warps,
+    whose stages fit in 200 KB of shared memory."""
+    configs = []
+    for block_n, block_k, stages, warps in itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (2, 4)):
+        if block_k <= max(128, k) and stages * (block_n + 16) * block_k * 2 <= 200 << 10:
+            configs.append({"BLOCK_N": block_n, "BLOCK_K": block_k, "num_stages": stages, "num_warps": warps})
+    return configs
+
+
+def sweep(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float) -> dict:
+    """The tile (m > 1 rows) in every configuration of `sweep_configs`, with dependent launch where the GPU
+    has it, against the autotuner's choice; the configurations compile first, in threads."""
+    assert 1 < m <= gemv.MAX_ROWS, "the sweep times the tensor-core tiles"
+    fused, _, _ = _calls(n, k, prologue, m, w, eps)
+    pdl = supports_dependent_launch(w.device)
+    configs = sweep_configs(k)
+    fused(pdl, w, configs[0])  # NOTE: the first compile alone sets up the device's cache the threads share
+    with ThreadPoolExecutor(max_workers=gemv.COMPILE_THREADS) as pool:
+        list(pool.map(lambda config: fused(pdl, w, config), configs[1:]))
+    torch.cuda.synchronize()
+    copies = _weight_copies(w)
+    fused(pdl, w)  # the autotuner's choice, tuned outside the graph
     weight_bytes = n * k * w.element_size()
-    copies = [w] + [w.clone() for _ in range(-(-(256 << 20) // weight_bytes) - 1)]
+    row = {"name": name, "n": n, "k": k, "rows": m, "prologue": prologue, "weight_mb": weight_bytes / 1e6,
+           "autotuned_us": _timed_us(functools.partial(fused, pdl), copies), "configs": []}
+    for config in configs:
+        us = _timed_us(lambda c: fused(pdl, c, config), copies)
+        row["configs"].append({**config, "us": us, "tbs": weight_bytes / us / 1e6})
+    row["configs"].sort(key=lambda c: c["us"])
+    row["autotuned_tbs"] = weight_bytes / row["autotuned_us"] / 1e6
+    return row
+
+
+def measure(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float) -> dict:
+    """Time one projection of m tokens: fused (as the model calls it; with dependent launch where the GPU
+    has it), cuBLAS with the separate kernels, cuBLAS alone."""
+    fused, unfused, x = _calls(n, k, prologue, m, w, eps)
+    weight_bytes = n * k * w.element_size()
+    copies = _weight_copies(w)
     row = {"name": name, "n": n, "k": k, "rows": m, "prologue": prologue, "weight_mb": weight_bytes / 1e6,
            "weight_copies": len(copies)}
     timed = [("cublas_unfused", unfused), ("cublas_matmul_only", lambda w: torch.nn.functional.linear(x, w))]
@@ -99,7 +159,7 @@ def measure(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, e
             fused(pdl, w)  # autotune outside the graph
             timed.insert(0, ("triton_fused" + ("_pdl" if pdl else ""), functools.partial(fused, pdl)))
     for label, fn in timed:
-        us = triton.testing.do_bench_cudagraph(lambda: [fn(c) for c in copies], rep=50) * 1e3 / len(copies)
+        us = _timed_us(fn, copies)
         row[f"{label}_us"] = us
         row[f"{label}_tbs"] = weight_bytes / us / 1e6
     return row
