@@ -1,27 +1,25 @@
 """The OpenAI-compatible API as a Starlette app: `GET /models`, `POST /completions`, `POST /chat/completions`.
 
 Both generation endpoints go the same way: parse the body (protocol.py), tokenize, turn the request into one
-`SamplingParams` per prompt (context window checked), run one engine request per prompt (the engine forks the
-`n` choices itself), then answer in one JSON body or as Server-Sent Events. What differs between the two
-endpoints (the prompt, how a choice and a streamed delta look) is a `_Format`.
+`SamplingParams` per prompt (context window checked), then hand the `Job` to responses.py, which runs one
+engine request per prompt (the engine forks the `n` choices itself) and answers in one JSON body or as
+Server-Sent Events. What differs between the two endpoints (the prompt, how a choice and a streamed delta
+look) is a `_Format` (formats.py).
 
 An API request's engine requests are admitted together, synchronously, before the first byte of the answer:
-whatever refuses them (invalid, overloaded, shutting down) still gets its status code. Closing an engine stream
-aborts its request, so every path here closes the streams it opened: a client that goes away mid-stream (the SSE
-response is closed) or before a non-streamed answer (its task is cancelled) frees its KV blocks at the engine's
-next step. Every /v1 path, unknown ones included, sits behind the API key when one is set (auth.py).
+whatever refuses them (invalid, overloaded, shutting down) still gets its status code; responses.py closes
+every engine stream it opened, which aborts the requests of a client that went away. Every /v1 path, unknown
+ones included, sits behind the API key when one is set (auth.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -29,26 +27,24 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from ..async_engine import (
     AsyncLLMEngine,
     EngineOverloadedError,
     EngineShuttingDownError,
     RequestFailedError,
-    RequestStream,
     RequestTimeoutError,
 )
 from ..engine import RequestError
-from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from . import errors
 from .auth import APIKeyMiddleware
 from .errors import OpenAIError
-from .formats import _ChatFormat, _CompletionFormat, _finish_reason, _Format, _Prompt, _token_texts
+from .formats import _ChatFormat, _CompletionFormat, _Prompt, _token_texts
 from .protocol import FIELD_NAMES, ChatCompletionRequest, CompletionRequest
+from .responses import Job, respond
 from .schema import openapi_document
 
 try:
@@ -103,22 +99,6 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 
 
 # ---- one request, parsed ---------------------------------------------------------------------------
-
-
-@dataclass
-class _Job:
-    """An API request ready for the engine: its prompts, each with its sampling parameters."""
-
-    id: str
-    created: int
-    model: str
-    n: int
-    prompts: list[_Prompt]
-    params: list[SamplingParams]
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(p.token_ids) for p in self.prompts)
 
 
 class _Server:
@@ -225,7 +205,7 @@ class _Server:
         base = _base_params(body, engine, logprobs=body.logprobs)
         job = _job("cmpl", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt"))
         fmt = _CompletionFormat(_token_texts(engine.tokenizer), body.logprobs, bool(body.echo))
-        return await _respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
+        return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
     # ---- POST /chat/completions ----------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
@@ -247,7 +227,7 @@ class _Server:
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         job = _job("chatcmpl", body, prompts, _fit_context(engine, base, prompts, max_tokens, "messages"))
         fmt = _ChatFormat(_token_texts(engine.tokenizer), logprobs is not None)
-        return await _respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
+        return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
 
 def _too_large(limit: int) -> OpenAIError:
@@ -364,233 +344,5 @@ def _fit_context(
 
 
 def _job(prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[_Prompt],
-         params: list[SamplingParams]) -> _Job:
-    return _Job(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts, params)
-
-
-# ---- running the engine requests --------------------------------------------------------------------
-
-
-class _JobStreams:
-    """The engine streams of one API request, one per prompt: admitted all together or none.
-
-    NOTE: `close()` aborts every engine request not yet finished; each path that admits a job closes it, even
-    when the answer never starts (a client gone before the first byte).
-    """
-
-    def __init__(self, engine: AsyncLLMEngine, job: _Job) -> None:
-        self.streams: list[RequestStream] = []
-        self._merged: asyncio.Queue | None = None  # the outputs of several streams, while outputs() runs
-        try:
-            for i, (prompt, params) in enumerate(zip(job.prompts, job.params)):
-                self.streams.append(engine.submit(prompt.token_ids, params, request_id=f"{job.id}-{i}"))
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        for stream in self.streams:
-            stream.close()
-
-    def has_pending(self) -> bool:
-        """Outputs queued already: a consumer that fell behind the engine can fold them into one write."""
-        return any(not stream.queue.empty() for stream in self.streams) or (
-            self._merged is not None and not self._merged.empty())
-
-    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """The outputs of all streams as they come (run concurrently), as (prompt index, output)."""
-        if len(self.streams) == 1:  # NOTE: the common case: no pump task and queue, one hop less per step
-            try:
-                async for out in self.streams[0]:
-                    yield 0, out
-            finally:
-                self.close()
-            return
-        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
-        self._merged = queue
-
-        async def pump(i: int, stream: RequestStream) -> None:
-            try:
-                async for out in stream:
-                    queue.put_nowait((i, out))
-                queue.put_nowait((i, None))
-            except Exception as error:  # noqa: BLE001 - handed to the consumer
-                queue.put_nowait((i, error))
-
-        tasks = [asyncio.create_task(pump(i, stream)) for i, stream in enumerate(self.streams)]
-        try:
-            running = len(tasks)
-            while running:
-                i, item = await queue.get()
-                if item is None:
-                    running -= 1
-                elif isinstance(item, BaseException):
-                    raise item
-                else:
-                    yield i, item
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self.close()
-
-    async def final_outputs(self) -> list[RequestOutput]:
-        final: dict[int, RequestOutput] = {}
-        async with aclosing(self.outputs()) as outputs:
-            async for i, out in outputs:
-                if out.finished:
-                    final[i] = out
-        return [final[i] for i in range(len(self.streams))]
-
-
-async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it if the client disconnects first (then raise ClientDisconnect)."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        done, _ = await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()  # our caller was cancelled, or the client left: abort the engine requests
-    if task in done:
-        return task.result()
-    await asyncio.wait((task,))
-    if not task.cancelled():
-        task.exception()  # retrieved: nobody is waiting for it
-    raise ClientDisconnect()
-
-
-async def _respond(
-    request: Request, engine: AsyncLLMEngine, job: _Job, fmt: "_Format", body: Any,
-    report: Callable[[Exception], OpenAIError], stream_interval: int,
-) -> Response:
-    """Admit the job (refusals raise here, before any byte is sent), then answer in one body or as SSE."""
-    streams = _JobStreams(engine, job)
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _sse_events(streams, job, fmt, include_usage, report, stream_interval)
-        return _SSEResponse(events, on_close=streams.close)
-    try:
-        outputs = await _until_disconnect(request, streams.final_outputs())
-    finally:
-        streams.close()
-    choices, completion_tokens = [], 0
-    for p_index, (prompt, out) in enumerate(zip(job.prompts, outputs)):
-        for choice in sorted(out.outputs, key=lambda c: c.index):
-            choices.append(fmt.choice(p_index * job.n + choice.index, prompt, choice))
-            completion_tokens += len(choice.token_ids)
-    return JSONResponse({
-        "id": job.id,
-        "object": fmt.object,
-        "created": job.created,
-        "model": job.model,
-        "system_fingerprint": None,
-        "choices": choices,
-        "usage": _usage(job.prompt_tokens, completion_tokens),
-    })
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-# ---- Server-Sent Events ------------------------------------------------------------------------------
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _sse(payload: dict[str, Any]) -> str:
-    return f"data: {_json(payload)}\n\n"
-
-
-async def _sse_events(streams: _JobStreams, job: _Job, fmt: "_Format", include_usage: bool,
-                      report: Callable[[Exception], OpenAIError], stream_interval: int) -> AsyncIterator[str]:
-    """The stream as OpenAI sends it: per choice an opening chunk (chat: the role), its deltas as generated, a
-    chunk with its finish_reason; then the usage chunk if asked for, then [DONE]. A failure (the engine's, a
-    timeout, a shutdown) ends the stream with an error event instead of [DONE]. After the first tokens,
-    chunks are written once `stream_interval` new tokens wait or a choice finished, and no more outputs are
-    queued (each step's chunk stays its own event)."""
-
-    # NOTE: every chunk shares its envelope, so it is serialised once and each chunk encodes only its choice
-    # (the bytes are those of json.dumps of the whole payload, keys in OpenAI's order)
-    envelope = _sse({"id": job.id, "object": fmt.chunk_object, "created": job.created, "model": job.model,
-                     "system_fingerprint": None, "choices": []})
-    head = envelope[: envelope.rindex("[]") + 1]  # 'data: {..."choices":['
-    tail = "],\"usage\":null}\n\n" if include_usage else "]}\n\n"
-
-    def chunk(choice: dict[str, Any] | None, usage: dict[str, int] | None = None) -> str:
-        if usage is not None:
-            return head + '],"usage":' + _json(usage) + "}\n\n"
-        return head + ("" if choice is None else _json(choice)) + tail
-
-    events: list[str] = []  # chunks not yet written
-    try:
-        opening = [fmt.opening(p * job.n + c, prompt) for p, prompt in enumerate(job.prompts) for c in range(job.n)]
-        if any(opening):
-            yield "".join(chunk(choice) for choice in opening if choice is not None)
-        finished: set[int] = set()
-        completion_tokens = 0
-        waiting_tokens, finishing, first = 0, False, True  # since the last write; no token written yet
-        async with aclosing(streams.outputs()) as outputs:
-            async for p_index, out in outputs:
-                for choice in out.outputs:
-                    index = p_index * job.n + choice.index
-                    if index in finished:
-                        continue
-                    delta = fmt.delta(index, choice)
-                    if delta is not None:
-                        events.append(chunk(delta))
-                    waiting_tokens += len(choice.delta_token_ids)
-                    if choice.finished:
-                        finishing = True
-                        finished.add(index)
-                        completion_tokens += len(choice.token_ids)
-                        events.append(chunk(fmt.finish(index, _finish_reason(choice))))
-                # NOTE: each write is a trip through the ASGI stack (BentoML's middlewares, its tracing,
-                # uvicorn), hence the interval; the first tokens go out at once whatever it is (time to first
-                # token). Outputs queued already are folded into the same write: a loop that fell behind the
-                # engine catches up in fewer writes (vLLM's output collector does the same).
-                due = (waiting_tokens >= stream_interval or finishing or first) and not streams.has_pending()
-                if events and due:
-                    yield "".join(events)
-                    events, waiting_tokens, finishing, first = [], 0, False, False
-        if events:
-            yield "".join(events)
-        if include_usage:
-            yield chunk(None, _usage(job.prompt_tokens, completion_tokens))
-        yield "data: [DONE]\n\n"
-    except Exception as error:  # noqa: BLE001 - the status line is sent: report it in the stream
-        yield "".join(events) + _sse(report(error).to_dict())
-
-
-class _SSEResponse(StreamingResponse):
-    """A StreamingResponse that always closes its generator and its engine streams (Starlette may just stop
-    iterating when the client disconnects, or never start when the client is gone already): closing them is
-    what aborts the engine requests."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], None]) -> None:
-        super().__init__(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._on_close = on_close
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
-            self._on_close()
-
-
+         params: list[SamplingParams]) -> Job:
+    return Job(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts, params)
