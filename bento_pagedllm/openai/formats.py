@@ -1,5 +1,5 @@
 """What differs between the completions and chat endpoints: how a choice, a streamed delta and the
-log-probabilities look. The routes (routes.py) do everything else the same way for both.
+log-probabilities look. The routes (routes.py) and the answers (responses.py) do everything else the same way for both.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from ..sequence import TokenLogprob
 MIN_LOGPROB = -9999.0  # JSON has no -inf
 
 
-def _finish_reason(choice: CompletionOutput) -> str | None:
+def finish_reason(choice: CompletionOutput) -> str | None:
     return choice.finish_reason  # the engine already uses OpenAI's names: "stop", "length"
 
 
 @dataclass
-class _Prompt:
+class Prompt:
     token_ids: list[int]
     text: str | None  # as given, for echo; None for token-id prompts
 
@@ -27,14 +27,14 @@ class _Prompt:
 # ---- what differs between completions and chat -------------------------------------------------------
 
 
-class _Format:
+class Format:
     object: str
     chunk_object: str
 
     def __init__(self, texts: "_TokenTexts") -> None:
         self.texts = texts
 
-    def opening(self, index: int, prompt: _Prompt) -> dict[str, Any] | None:
+    def opening(self, index: int, prompt: Prompt) -> dict[str, Any] | None:
         """The choice's first streamed chunk, if it has one."""
         return None
 
@@ -45,12 +45,12 @@ class _Format:
     def finish(self, index: int, reason: str | None) -> dict[str, Any]:
         raise NotImplementedError
 
-    def choice(self, index: int, prompt: _Prompt, choice: CompletionOutput) -> dict[str, Any]:
+    def choice(self, index: int, prompt: Prompt, choice: CompletionOutput) -> dict[str, Any]:
         """The whole choice, in a non-streamed answer."""
         raise NotImplementedError
 
 
-class _ChatFormat(_Format):
+class ChatFormat(Format):
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
@@ -58,7 +58,7 @@ class _ChatFormat(_Format):
         super().__init__(texts)
         self.logprobs = logprobs
 
-    def opening(self, index: int, prompt: _Prompt) -> dict[str, Any]:
+    def opening(self, index: int, prompt: Prompt) -> dict[str, Any]:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                 "finish_reason": None}
 
@@ -72,12 +72,12 @@ class _ChatFormat(_Format):
     def finish(self, index: int, reason: str | None) -> dict[str, Any]:
         return {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
 
-    def choice(self, index: int, prompt: _Prompt, choice: CompletionOutput) -> dict[str, Any]:
+    def choice(self, index: int, prompt: Prompt, choice: CompletionOutput) -> dict[str, Any]:
         return {
             "index": index,
             "message": {"role": "assistant", "content": choice.text, "refusal": None},
             "logprobs": self._logprobs(choice.logprobs if self.logprobs else None),
-            "finish_reason": _finish_reason(choice),
+            "finish_reason": finish_reason(choice),
         }
 
     def _logprobs(self, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
@@ -97,7 +97,7 @@ class _ChatFormat(_Format):
         return {"token": text, "logprob": max(logprob, MIN_LOGPROB), "bytes": list(raw)}
 
 
-class _CompletionFormat(_Format):
+class CompletionFormat(Format):
     object = "text_completion"
     chunk_object = "text_completion"
 
@@ -107,14 +107,14 @@ class _CompletionFormat(_Format):
         self.echo = echo
         self._offsets: dict[int, int] = {}  # per choice: text_offset of its next token
 
-    def _echo(self, index: int, prompt: _Prompt) -> str:
+    def _echo(self, index: int, prompt: Prompt) -> str:
         text = ""
         if self.echo:
             text = prompt.text if prompt.text is not None else self.texts.decode(prompt.token_ids)
         self._offsets[index] = len(text)
         return text
 
-    def opening(self, index: int, prompt: _Prompt) -> dict[str, Any] | None:
+    def opening(self, index: int, prompt: Prompt) -> dict[str, Any] | None:
         text = self._echo(index, prompt)
         return {"index": index, "text": text, "logprobs": None, "finish_reason": None} if text else None
 
@@ -130,13 +130,13 @@ class _CompletionFormat(_Format):
     def finish(self, index: int, reason: str | None) -> dict[str, Any]:
         return {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
 
-    def choice(self, index: int, prompt: _Prompt, choice: CompletionOutput) -> dict[str, Any]:
+    def choice(self, index: int, prompt: Prompt, choice: CompletionOutput) -> dict[str, Any]:
         echo = self._echo(index, prompt)
         return {
             "index": index,
             "text": echo + choice.text,
             "logprobs": self._logprobs(index, choice.logprobs if self.logprobs is not None else None),
-            "finish_reason": _finish_reason(choice),
+            "finish_reason": finish_reason(choice),
         }
 
     def _logprobs(self, index: int, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
@@ -232,7 +232,7 @@ class _TokenTexts:
 _TEXTS: weakref.WeakKeyDictionary[Any, _TokenTexts] = weakref.WeakKeyDictionary()
 
 
-def _token_texts(tokenizer: Any) -> _TokenTexts:
+def token_texts(tokenizer: Any) -> _TokenTexts:
     if tokenizer is None:
         return _TokenTexts(None)
     try:

@@ -24,7 +24,7 @@ from ..async_engine import AsyncLLMEngine, RequestStream
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .errors import OpenAIError
-from .formats import _finish_reason, _Format, _Prompt
+from .formats import Format, Prompt, finish_reason
 
 T = TypeVar("T")
 
@@ -37,7 +37,7 @@ class Job:
     created: int
     model: str
     n: int
-    prompts: list[_Prompt]
+    prompts: list[Prompt]
     params: list[SamplingParams]
 
     @property
@@ -141,7 +141,7 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
 
 
 async def respond(
-    request: Request, engine: AsyncLLMEngine, job: Job, fmt: _Format, body: Any,
+    request: Request, engine: AsyncLLMEngine, job: Job, fmt: Format, body: Any,
     report: Callable[[Exception], OpenAIError], stream_interval: int,
 ) -> Response:
     """Admit the job (refusals raise here, before any byte is sent), then answer in one body or as SSE."""
@@ -189,7 +189,7 @@ def _sse(payload: dict[str, Any]) -> str:
     return f"data: {_json(payload)}\n\n"
 
 
-async def _sse_events(streams: _JobStreams, job: Job, fmt: _Format, include_usage: bool,
+async def _sse_events(streams: _JobStreams, job: Job, fmt: Format, include_usage: bool,
                       report: Callable[[Exception], OpenAIError], stream_interval: int) -> AsyncIterator[str]:
     """The stream as OpenAI sends it: per choice an opening chunk (chat: the role), its deltas as generated, a
     chunk with its finish_reason; then the usage chunk if asked for, then [DONE]. A failure (the engine's, a
@@ -231,7 +231,7 @@ async def _sse_events(streams: _JobStreams, job: Job, fmt: _Format, include_usag
                         finishing = True
                         finished.add(index)
                         completion_tokens += len(choice.token_ids)
-                        events.append(chunk(fmt.finish(index, _finish_reason(choice))))
+                        events.append(chunk(fmt.finish(index, finish_reason(choice))))
                 # NOTE: each write is a trip through the ASGI stack (BentoML's middlewares, its tracing,
                 # uvicorn), hence the interval; the first tokens go out at once whatever it is (time to first
                 # token). Outputs queued already are folded into the same write: a loop that fell behind the

@@ -4,7 +4,7 @@ Both generation endpoints go the same way: parse the body (protocol.py), tokeniz
 `SamplingParams` per prompt (context window checked), then hand the `Job` to responses.py, which runs one
 engine request per prompt (the engine forks the `n` choices itself) and answers in one JSON body or as
 Server-Sent Events. What differs between the two endpoints (the prompt, how a choice and a streamed delta
-look) is a `_Format` (formats.py).
+look) is a `Format` (formats.py).
 
 An API request's engine requests are admitted together, synchronously, before the first byte of the answer:
 whatever refuses them (invalid, overloaded, shutting down) still gets its status code; responses.py closes
@@ -42,7 +42,7 @@ from ..sampling_params import SamplingParams
 from . import errors
 from .auth import APIKeyMiddleware
 from .errors import OpenAIError
-from .formats import _ChatFormat, _CompletionFormat, _Prompt, _token_texts
+from .formats import ChatFormat, CompletionFormat, Prompt, token_texts
 from .protocol import FIELD_NAMES, ChatCompletionRequest, CompletionRequest
 from .responses import Job, respond
 from .schema import openapi_document
@@ -204,7 +204,7 @@ class _Server:
         prompts = [await _tokenize(engine, p) for p in texts]
         base = _base_params(body, engine, logprobs=body.logprobs)
         job = _job("cmpl", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt"))
-        fmt = _CompletionFormat(_token_texts(engine.tokenizer), body.logprobs, bool(body.echo))
+        fmt = CompletionFormat(token_texts(engine.tokenizer), body.logprobs, bool(body.echo))
         return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
     # ---- POST /chat/completions ----------------------------------------------------------------
@@ -221,12 +221,12 @@ class _Server:
                 ids = engine.prompts.chat_prompt_ids(messages)
         except TemplateError as error:
             raise OpenAIError(f"The chat template rejected the messages: {error}", param="messages") from None
-        prompts = [_Prompt(ids, None)]
+        prompts = [Prompt(ids, None)]
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         base = _base_params(body, engine, logprobs=logprobs)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         job = _job("chatcmpl", body, prompts, _fit_context(engine, base, prompts, max_tokens, "messages"))
-        fmt = _ChatFormat(_token_texts(engine.tokenizer), logprobs is not None)
+        fmt = ChatFormat(token_texts(engine.tokenizer), logprobs is not None)
         return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
 
@@ -247,12 +247,12 @@ def _completion_prompts(prompt: str | list) -> list[str | list[int]]:
     return list(prompt)
 
 
-async def _tokenize(engine: AsyncLLMEngine, prompt: str | list[int]) -> _Prompt:
+async def _tokenize(engine: AsyncLLMEngine, prompt: str | list[int]) -> Prompt:
     if not isinstance(prompt, str):
-        return _Prompt(list(prompt), None)
+        return Prompt(list(prompt), None)
     if len(prompt) > LONG_INPUT_CHARS:
-        return _Prompt(await asyncio.to_thread(engine.prompts.tokenize, prompt), prompt)
-    return _Prompt(engine.prompts.tokenize(prompt), prompt)
+        return Prompt(await asyncio.to_thread(engine.prompts.tokenize, prompt), prompt)
+    return Prompt(engine.prompts.tokenize(prompt), prompt)
 
 
 def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
@@ -307,7 +307,7 @@ def _default(value: T | None, default: T) -> T:
 
 
 def _fit_context(
-    engine: AsyncLLMEngine, base: SamplingParams, prompts: list[_Prompt], max_tokens: int | None, noun: str
+    engine: AsyncLLMEngine, base: SamplingParams, prompts: list[Prompt], max_tokens: int | None, noun: str
 ) -> list[SamplingParams]:
     """One SamplingParams per prompt, with its max_tokens (by default the rest of the context window)."""
     limit = engine.prompts.configs.scheduler.max_model_len
@@ -343,6 +343,6 @@ def _fit_context(
     return params
 
 
-def _job(prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[_Prompt],
+def _job(prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[Prompt],
          params: list[SamplingParams]) -> Job:
     return Job(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts, params)
