@@ -1,5 +1,6 @@
 """What differs between the completions and chat endpoints: how a choice, a streamed delta and the
-log-probabilities look. The routes (routes.py) and the answers (responses.py) do everything else the same way for both.
+log-probabilities look. The routes (routes.py) and the answers (responses.py) do everything else the same
+way for both.
 """
 
 from __future__ import annotations
