@@ -88,7 +88,8 @@ def _calls(n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float):
     res, g = torch.randn(m, k, device="cuda", dtype=dtype), torch.ones(k, device="cuda", dtype=dtype)
     addend = torch.randn(m, n, device="cuda", dtype=dtype)
     if prologue == "norm":
-        fused = lambda pdl, w, config=None: gemv.add_rms_norm_gemv(x, None, g, eps, w, pdl=pdl, config=config)  # noqa: E731
+        fused = lambda pdl, w, config=None: gemv.add_rms_norm_gemv(  # noqa: E731
+            x, None, g, eps, w, pdl=pdl, config=config)
         unfused = lambda w: torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w)  # noqa: E731
     elif prologue == "swiglu":
         fused = lambda pdl, w, config=None: gemv.add_rms_norm_gemv(  # noqa: E731
