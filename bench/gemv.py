@@ -16,12 +16,12 @@ SiLU-and-multiply kernel the model launches otherwise.
 
 (Rows above kernels/gemv.py's MAX_ROWS time cuBLAS alone: where the crossover lies.)
 
-`--sweep` times the tensor-core tile (dependent launch on where the GPU has it) in every configuration of
-a grid wider than the autotuner's (`sweep_configs`), per shape and row count, beside the autotuner's
-choice: where a projection of a few rows reads W slower than the one-row kernel, whether another tile
-shape would close it.
+`--sweep` times the kernel (dependent launch on where the GPU has it) in every configuration of a grid
+wider than the autotuner's (`sweep_configs`), per shape and row count, beside the autotuner's choice:
+whether another tile shape would bring a projection closer to the copy bandwidth.
 
     python bench/gemv.py --sweep --rows 16 --shapes "llama3-8b qkv,llama3-8b down,llama2-7b o"
+    python bench/gemv.py --sweep --rows 1 --shapes llama2-7b
 """
 
 from __future__ import annotations
@@ -111,23 +111,32 @@ def _timed_us(fn, copies: list[torch.Tensor]) -> float:
     return triton.testing.do_bench_cudagraph(lambda: [fn(c) for c in copies], rep=50) * 1e3 / len(copies)
 
 
-def sweep_configs(k: int) -> list[dict]:
-    """Tiles of 16 to 64 W rows by 128 to 512 columns (up to K), 3 to 6 pipeline stages, 2 or 4 warps,
-    whose stages fit in 200 KB of shared memory."""
+def sweep_configs(k: int, m: int) -> list[dict]:
+    """m > 1, the tensor-core tile: 16 to 64 W rows by 128 to 512 columns (up to K), 3 to 6 pipeline stages,
+    2 or 4 warps, whose stages fit in 200 KB of shared memory. m = 1, the CUDA-core kernel: 1 to 32 W rows by
+    256 to 4,096 columns, 1 to 8 warps, holding 8 to 64 products a thread (the configurations the
+    autotuner tries hold 16 or 32)."""
+    width = max(128, 1 << (k - 1).bit_length())
     configs = []
+    if m == 1:
+        for block_n, block_k, warps in itertools.product((1, 2, 4, 8, 16, 32), (256, 512, 1024, 2048, 4096),
+                                                         (1, 2, 4, 8)):
+            if block_k <= width and 8 <= block_n * block_k // (32 * warps) <= 64:
+                configs.append({"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps})
+        return configs
     for block_n, block_k, stages, warps in itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (2, 4)):
-        if block_k <= max(128, k) and stages * (block_n + 16) * block_k * 2 <= 200 << 10:
+        if block_k <= width and stages * (block_n + 16) * block_k * 2 <= 200 << 10:
             configs.append({"BLOCK_N": block_n, "BLOCK_K": block_k, "num_stages": stages, "num_warps": warps})
     return configs
 
 
 def sweep(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float) -> dict:
-    """The tile (m > 1 rows) in every configuration of `sweep_configs`, with dependent launch where the GPU
+    """The kernel for m rows in every configuration of `sweep_configs`, with dependent launch where the GPU
     has it, against the autotuner's choice; the configurations compile first, in threads."""
-    assert 1 < m <= gemv.MAX_ROWS, "the sweep times the tensor-core tiles"
+    assert m <= gemv.MAX_ROWS, "the sweep times the Triton kernels"
     fused, _, _ = _calls(n, k, prologue, m, w, eps)
     pdl = supports_dependent_launch(w.device)
-    configs = sweep_configs(k)
+    configs = sweep_configs(k, m)
     fused(pdl, w, configs[0])  # NOTE: the first compile alone sets up the device's cache the threads share
     with ThreadPoolExecutor(max_workers=gemv.COMPILE_THREADS) as pool:
         list(pool.map(lambda config: fused(pdl, w, config), configs[1:]))
