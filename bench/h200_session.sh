@@ -5,7 +5,7 @@
 # ratio at PAGEDLLM_STREAM_INTERVAL 1 and 4 in one call; engine_process: the same with the engine in its own
 # process and on the worker's thread)
 set -uo pipefail
-part=$1; out=$2; mkdir -p "$out"
+part=$1; out=$2; mkdir -p "$out"; out=$(cd "$out" && pwd)  # absolute: some parts run from bench/
 PY=${PY:-python3}
 if [ -z "${NO_WHEELS:-}" ]; then  # on the GPU machine: the missing packages travel as wheels
   wheels=".whl/*.whl"; case $part in online*) wheels="$wheels .whl-bento/*.whl";; esac
@@ -297,6 +297,12 @@ case $part in
     # issue 4's start-up, cold: Llama-2-7B single stream for each of VARIANTS (EXPORT:ROWS, as
     # offline_variants), in the given order and then reversed, each with an empty Triton cache
     each_variant startup_variant
+    ;;
+  gemv_sweep)
+    # issues 4 and 5: the projections' kernels in configurations beyond the autotuner's (bench/gemv.py --sweep):
+    # one row for Llama-2-7B (single stream), 16 rows for the Llama-3-8B gate/up (the 8B's tail steps)
+    (cd bench && run gemv_sweep_rows1 300 $PY gemv.py --sweep --rows 1 --shapes llama2-7b --out "$out/gemv_sweep_rows1.json")
+    (cd bench && run gemv_sweep_rows16 150 $PY gemv.py --sweep --rows 16 --shapes "llama3-8b gate_up" --out "$out/gemv_sweep_rows16.json")
     ;;
   prefill_attention)
     # issue 5: prefill attention alone on the offline workload's first steps, against one long prompt and
