@@ -21,16 +21,25 @@ def silu_and_mul_tile(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
+def gate_up_index(index, inter, INTERLEAVE: tl.constexpr):
+    """Where gate `index` (a column of the product, a row of W) and its up partner lie: the gate ones, then
+    the up ones (`inter` of each); with INTERLEAVE, blocks of that many gate ones each followed by the same
+    up ones (kernels/swiglu_gemm.py's layout)."""
+    if INTERLEAVE:
+        gate = index // INTERLEAVE * 2 * INTERLEAVE + index % INTERLEAVE
+        up = gate + INTERLEAVE
+    else:
+        gate = index
+        up = index + inter
+    return gate, up
+
+
+@triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, inter, BLOCK: tl.constexpr, INTERLEAVE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
-    if INTERLEAVE:  # blocks of INTERLEAVE gate columns, each followed by the same up columns
-        gate_cols = cols // INTERLEAVE * 2 * INTERLEAVE + cols % INTERLEAVE
-        up_cols = gate_cols + INTERLEAVE
-    else:  # the gate columns, then the up columns
-        gate_cols = cols
-        up_cols = cols + inter
+    gate_cols, up_cols = gate_up_index(cols, inter, INTERLEAVE)
     gate = tl.load(x_ptr + row * stride_x + gate_cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + up_cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, silu_and_mul_tile(gate, up, out_ptr.dtype.element_ty), mask=mask)

@@ -53,7 +53,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .activation import silu_and_mul_tile
+from .activation import gate_up_index, silu_and_mul_tile
 from .prefetch import prefetch_to_l2
 
 
@@ -73,10 +73,7 @@ def _gemv_kernel(
     token_mask = tokens < M
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]: rows of W, columns of the output
     row_mask = rows < N
-    # SWIGLU: W's gate rows, then its up rows; with INTERLEAVE, blocks of that many gate rows each followed by
-    # the same up rows (kernels/swiglu_gemm.py)
-    gate_index = rows // INTERLEAVE * 2 * INTERLEAVE + rows % INTERLEAVE if INTERLEAVE else rows  # [BLOCK_N]
-    up_index = gate_index + INTERLEAVE if INTERLEAVE else rows + N
+    gate_index, up_index = gate_up_index(rows, N, INTERLEAVE)  # [BLOCK_N] each: SWIGLU's gate and up rows of W
     w_rows = w_ptr + gate_index.to(tl.int64)[:, None] * stride_w  # [BLOCK_N, 1]
     up_rows = w_ptr + up_index.to(tl.int64)[:, None] * stride_w  # [BLOCK_N, 1]: SWIGLU's up rows
     x_rows = x_ptr + tokens[:, None] * K  # [BLOCK_M, 1]; NOTE: x, residual contiguous
