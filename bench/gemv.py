@@ -70,8 +70,7 @@ def main() -> None:
             rows.append((sweep if args.sweep else measure)(name, n, k, prologue, m, w, eps))
             print(json.dumps(rows[-1]), flush=True)
         del w
-    configs = {str(key): str(cfg) for tuner in (gemv._tuned_one_row, gemv._tuned_rows)
-               for key, cfg in tuner.cache.items()}
+    configs = gemv.tuned_configs()
     result = {"copy_bandwidth_tbs": bandwidth / 1e12, "gpu": torch.cuda.get_device_name(), "rows": rows,
               "tuned_configs": configs}
     print(json.dumps(configs, indent=1))
@@ -111,9 +110,10 @@ def _timed_us(fn, copies: list[torch.Tensor]) -> float:
     return triton.testing.do_bench_cudagraph(lambda: [fn(c) for c in copies], rep=50) * 1e3 / len(copies)
 
 
-def sweep_configs(k: int, m: int) -> list[dict]:
+def sweep_configs(k: int, m: int, swiglu: bool = False) -> list[dict]:
     """m > 1, the tensor-core tile: 16 to 64 W rows by 128 to 512 columns (up to K), 3 to 6 pipeline stages,
-    2 or 4 warps, whose stages fit in 200 KB of shared memory. m = 1, the CUDA-core kernel: 1 to 32 W rows by
+    2 or 4 warps, whose stages (W's tile, twice with `swiglu`: gate and up, and the input's) fit in 200 KB
+    of shared memory. m = 1, the CUDA-core kernel: 1 to 32 W rows by
     256 to 4,096 columns, 1 to 8 warps, holding 8 to 64 products a thread (the configurations the
     autotuner tries hold 16 or 32)."""
     width = max(128, 1 << (k - 1).bit_length())
@@ -125,7 +125,8 @@ def sweep_configs(k: int, m: int) -> list[dict]:
                 configs.append({"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps})
         return configs
     for block_n, block_k, stages, warps in itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (2, 4)):
-        if block_k <= width and stages * (block_n + 16) * block_k * 2 <= 200 << 10:
+        w_rows = 2 * block_n if swiglu else block_n
+        if block_k <= width and stages * (w_rows + gemv.row_tile(m)) * block_k * 2 <= 200 << 10:
             configs.append({"BLOCK_N": block_n, "BLOCK_K": block_k, "num_stages": stages, "num_warps": warps})
     return configs
 
@@ -136,7 +137,7 @@ def sweep(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps
     assert m <= gemv.MAX_ROWS, "the sweep times the Triton kernels"
     fused, _, _ = _calls(n, k, prologue, m, w, eps)
     pdl = supports_dependent_launch(w.device)
-    configs = sweep_configs(k, m)
+    configs = sweep_configs(k, m, swiglu=prologue == "swiglu")
     fused(pdl, w, configs[0])  # NOTE: the first compile alone sets up the device's cache the threads share
     with ThreadPoolExecutor(max_workers=gemv.COMPILE_THREADS) as pool:
         list(pool.map(lambda config: fused(pdl, w, config), configs[1:]))

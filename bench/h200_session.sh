@@ -304,6 +304,11 @@ case $part in
     (cd bench && run gemv_sweep_rows1 300 $PY gemv.py --sweep --rows 1 --shapes llama2-7b --out "$out/gemv_sweep_rows1.json")
     (cd bench && run gemv_sweep_rows16 150 $PY gemv.py --sweep --rows 16 --shapes "llama3-8b gate_up" --out "$out/gemv_sweep_rows16.json")
     ;;
+  tile_sweep)
+    # issue 5: the tensor-core tiles at ROWS rows (default 32) in every configuration of bench/gemv.py's
+    # sweep, for SHAPES_SWEEP (default the Llama-3-8B projections; its o has Llama-2-7B's shape)
+    (cd bench && run gemv_sweep_rows${ROWS:-32} 300 $PY gemv.py --sweep --rows ${ROWS:-32} --shapes "${SHAPES_SWEEP:-llama3-8b qkv,llama3-8b down,llama3-8b gate_up,llama2-7b o}" --out "$out/gemv_sweep_rows${ROWS:-32}.json")
+    ;;
   prefill_attention)
     # issue 5: prefill attention alone on the offline workload's first steps, against one long prompt and
     # torch's flash SDPA (bench/prefill_attention.py)

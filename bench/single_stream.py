@@ -105,6 +105,10 @@ def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | No
               "async_scheduling": llm.engine.configs.async_scheduling,
               "fused_gemv_rows": llm.engine.configs.fused_gemv_rows,
               "dependent_launch": llm.engine.configs.dependent_launch}
+    if torch.cuda.is_available():  # the projections' tile configurations this process's autotuner chose
+        from bento_pagedllm.kernels import gemv
+
+        result["tuned_configs"] = gemv.tuned_configs()
     # where a step's time goes: the device's busy time per step and its idle time between steps
     llm.engine.runner.timeline = []
     llm.generate([prompt], params)

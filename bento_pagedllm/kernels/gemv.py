@@ -203,8 +203,10 @@ def _tile_configs() -> list[triton.Config]:
 # timing at a cold start, and the 32-row tiles' full set made a Llama-2-7B cold start 6-10 s slower (H200,
 # 2026-12-01). These four are the most frequent winners at 32 rows over the Llama-2-7B and Llama-3-8B
 # projections in bench/results/h200-2026-12-01j (small row blocks for N = 4,096, big ones for gate/up and
-# the LM head).
-TILE_32_SHAPES = {(32, 256, 4, 4), (64, 128, 4, 6), (128, 64, 4, 4), (128, 128, 8, 3)}
+# the LM head), and 64 x 256 in 3 stages: Llama-3-8B's q/k/v at 32 rows in 18.7 us against 26.2 for the
+# autotuner's choice among the other four (`bench/gemv.py --sweep --rows 32`, h200-2026-12-02d run 3; with
+# the norm in the prologue, narrow row blocks recompute it for more programs: 32 x 256 took 57 us).
+TILE_32_SHAPES = {(32, 256, 4, 4), (64, 128, 4, 6), (64, 256, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3)}
 
 
 def _prune(configs, named_args, **kwargs):
@@ -233,6 +235,12 @@ def _autotuned(configs: list[triton.Config]):
 
 
 _tuned_one_row, _tuned_rows = _autotuned(_row_configs()), _autotuned(_tile_configs())
+
+
+def tuned_configs() -> dict[str, str]:
+    """What the autotuners chose in this process, per tuning key (N, K, row tile, flags, dtypes): for
+    benchmarks to record, since the choice is re-made (and may differ) in every process."""
+    return {str(key): str(config) for tuner in (_tuned_one_row, _tuned_rows) for key, config in tuner.cache.items()}
 
 
 def _tuner(block_m: int):
