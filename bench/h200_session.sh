@@ -300,9 +300,10 @@ case $part in
     ;;
   gemv_sweep)
     # issues 4 and 5: the projections' kernels in configurations beyond the autotuner's (bench/gemv.py --sweep):
-    # one row for Llama-2-7B (single stream), 16 rows for the Llama-3-8B gate/up (the 8B's tail steps)
-    (cd bench && run gemv_sweep_rows1 300 $PY gemv.py --sweep --rows 1 --shapes llama2-7b --out "$out/gemv_sweep_rows1.json")
-    (cd bench && run gemv_sweep_rows16 150 $PY gemv.py --sweep --rows 16 --shapes "llama3-8b gate_up" --out "$out/gemv_sweep_rows16.json")
+    # one row for ROW1_SHAPES (default Llama-2-7B: single stream; ~140 s a model), 16 rows for the Llama-3-8B
+    # gate/up (the 8B's tail steps) unless NO_ROWS16 is set
+    (cd bench && run gemv_sweep_rows1 400 $PY gemv.py --sweep --rows 1 --shapes "${ROW1_SHAPES:-llama2-7b}" --out "$out/gemv_sweep_rows1.json")
+    [ -n "${NO_ROWS16:-}" ] || (cd bench && run gemv_sweep_rows16 150 $PY gemv.py --sweep --rows 16 --shapes "llama3-8b gate_up" --out "$out/gemv_sweep_rows16.json")
     ;;
   tile_sweep)
     # issue 5: the tensor-core tiles at ROWS rows (default 32) in every configuration of bench/gemv.py's
