@@ -159,3 +159,41 @@ def test_rotary_by_roll_equals_transformers_rotate_half_bit_for_bit(dtype):
                                         cos.to(dtype)[None], sin.to(dtype)[None])
     assert torch.equal(rotate_roll_apply(q, cos_t, sin_signed), ref_q[0].transpose(0, 1))
     assert torch.equal(rotate_roll_apply(k, cos_t, sin_signed), ref_k[0].transpose(0, 1))
+
+
+def test_a_decode_batch_in_two_halves_equals_the_whole_batch():
+    """`forward_in_halves` (the second half on a side stream on a GPU; one after the other here): the same
+    hidden states and the same cache writes as `forward` over the whole decode batch."""
+    from bento_pagedllm.models.llama import LlamaForCausalLM
+
+    from kernel_cases import build_metadata
+
+    config = ModelConfig.from_hf_config(SMALL_CONFIGS["llama3"])
+    model = LlamaForCausalLM(config, max_positions=512)
+    model.init_dummy_weights(seed=3)
+    block_size, num_blocks = 16, 64
+    g = torch.Generator().manual_seed(0)
+    cache_shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    caches = [(torch.randn(cache_shape, generator=g), torch.randn(cache_shape, generator=g))
+              for _ in range(config.num_hidden_layers)]
+    seq_lens = [70, 33, 5, 120, 17]  # contexts including each sequence's new token
+    tables = [list(range(8 * i, 8 * i + -(-n // block_size))) for i, n in enumerate(seq_lens)]
+    input_ids = torch.randint(0, config.vocab_size, (len(seq_lens),), generator=g)
+    positions = torch.tensor([n - 1 for n in seq_lens])
+
+    def meta(rows):
+        return build_metadata(seq_lens[rows], [1] * len(seq_lens[rows]), tables[rows], block_size, "cpu")
+
+    whole_caches = [(k.clone(), v.clone()) for k, v in caches]
+    original_keys = caches[0][0].view(-1, *cache_shape[2:])[meta(slice(None)).slot_mapping].clone()
+    with torch.no_grad():
+        whole = model(input_ids, positions, whole_caches, meta(slice(None)))
+        halves = model.forward_in_halves(input_ids, positions, caches, (meta(slice(0, 2)), meta(slice(2, None))), None)
+    # NOTE: not bit for bit: a GEMM over fewer rows may sum in another order (the later layers' K/V too)
+    torch.testing.assert_close(halves, whole, rtol=1e-5, atol=1e-5)
+    for (k, v), (k_whole, v_whole) in zip(caches, whole_caches):
+        torch.testing.assert_close(k, k_whole, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v, v_whole, rtol=1e-5, atol=1e-5)
+    slots = meta(slice(None)).slot_mapping
+    new_keys = caches[0][0].view(-1, *cache_shape[2:])[slots]
+    assert not torch.equal(new_keys, original_keys), "the halves stored their new keys"

@@ -13,6 +13,7 @@ stream are replicated. At size 1 the same layers are plain matmuls.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterable
 
@@ -32,6 +33,11 @@ from ..distributed.parallel_state import ParallelConfig
 from ..kernels import cpu_ops
 from .cpu_linear import CpuLinear
 from .ops import NativeCpuOps, TorchOps, TritonOps, attention_backend_for, ops_for, supports_dependent_launch
+
+
+def _on(stream: "torch.cuda.Stream | None"):
+    """Issue on `stream`, or on the current stream when it is None."""
+    return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
 
 
 def rotary_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -131,6 +137,8 @@ class LlamaForCausalLM(nn.Module):
         pdl = dependent_launch and supports_dependent_launch(device)  # NOTE: the setting, where the GPU has it
         self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv_rows, pdl)
         self.backend = attention_backend_for(device, pdl)
+        self.backend_pdl = pdl
+        self.side_backend = None  # NOTE: forward_in_halves' second half's, made at its first call
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, parallel) for _ in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
@@ -167,6 +175,56 @@ class LlamaForCausalLM(nn.Module):
             else:
                 hidden, residual = layer(hidden, residual, rotary, kv_cache, meta, self.ops, self.backend)
         return hidden if residual is None else residual + hidden  # [num_tokens, hidden], before the final norm
+
+    def forward_in_halves(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens]
+        positions: torch.Tensor,  # [num_tokens]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        metas: tuple[AttentionMetadata, AttentionMetadata],  # the first metas[0].num_seqs tokens, then the rest
+        side_stream: "torch.cuda.Stream | None",
+    ) -> torch.Tensor:
+        """`forward` of a decode batch as two independent halves, the second on `side_stream`: the same
+        result, [num_tokens, hidden], but on a GPU one half's memory-bound attention can run beside the
+        other half's GEMMs, whose few hundred rows leave multiprocessors idle (few output tiles).
+
+        NOTE: one query token per sequence (decode), so the tokens split where the sequences do. The
+        halves share the KV cache (they write different slots) and nothing else: the second half has its
+        own attention backend (the split decode kernel's counters must not be shared by concurrent
+        launches). Each half's tensors live on its own stream; the output is allocated before the fork
+        and the calling stream waits for the side stream before returning. `side_stream` None (the CPU):
+        the halves run one after the other.
+        """
+        split = metas[0].num_seqs
+        assert input_ids.shape[0] == split + metas[1].num_seqs
+        if self.side_backend is None:
+            self.side_backend = attention_backend_for(input_ids.device, self.backend_pdl)
+        out = torch.empty(input_ids.shape[0], self.config.hidden_size, dtype=self.embed_tokens.weight.dtype,
+                          device=input_ids.device)
+        streams = (None, side_stream)
+        if side_stream is not None:
+            side_stream.wait_stream(torch.cuda.current_stream())
+        halves = ((slice(0, split), metas[0], self.backend), (slice(split, None), metas[1], self.side_backend))
+        states = []  # per half: [hidden, residual, rotary context]
+        for (rows, _, _), stream in zip(halves, streams):
+            with _on(stream):
+                hidden = self.embed_tokens(input_ids[rows])  # [half tokens, hidden]
+                states.append([hidden, None, self.ops.rotary_context(positions[rows], self.rotary.cos,
+                                                                     self.rotary.sin, hidden.dtype)])
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            for state, (_, meta, backend), stream in zip(states, halves, streams):
+                with _on(stream):  # NOTE: issued alternately; each half's kernels wait only for its own
+                    state[0], state[1] = layer(state[0], state[1], state[2], kv_cache, meta, self.ops, backend)
+        for state, (rows, _, _), stream in zip(states, halves, streams):
+            with _on(stream):
+                hidden, residual = state[0], state[1]
+                if residual is None:
+                    out[rows].copy_(hidden)
+                else:
+                    torch.add(residual, hidden, out=out[rows])
+        if side_stream is not None:
+            torch.cuda.current_stream().wait_stream(side_stream)
+        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """hidden: [num_rows, hidden] (already only the rows that need logits) -> [num_rows, vocab] on
