@@ -310,6 +310,18 @@ case $part in
     # sweep, for SHAPES_SWEEP (default the Llama-3-8B projections; its o has Llama-2-7B's shape)
     (cd bench && run gemv_sweep_rows${ROWS:-32} 300 $PY gemv.py --sweep --rows ${ROWS:-32} --shapes "${SHAPES_SWEEP:-llama3-8b qkv,llama3-8b down,llama3-8b gate_up,llama2-7b o}" --out "$out/gemv_sweep_rows${ROWS:-32}.json")
     ;;
+  two_stream_ab)
+    # issue 5: decode graphs of TS_MIN+ sequences (default 256) as two halves on two streams
+    # (cuda_graphs.TWO_STREAM_MIN_BATCH; the export ab/ts is made here from the tree) against the tree as it
+    # is: TESTS=1: the GPU engine test of the halves first; decode steps alone (bench/mixed_step.py, the 8B at
+    # 256-512 sequences of 400-token contexts), then Llama-3-8B offline, ABBA
+    rm -rf ab/ts && mkdir -p ab/ts && cp -r bento_pagedllm ab/ts/
+    sed -i "s/^TWO_STREAM_MIN_BATCH = .*/TWO_STREAM_MIN_BATCH = ${TS_MIN:-256}/" ab/ts/bento_pagedllm/cuda_graphs.py
+    [ -n "${TESTS:-}" ] && run gpu_tests 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_engine_gpu.py -k "two_streams"
+    for v in head ts; do P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
+      PYTHONPATH=$P run mixed_step_$v 150 $PY bench/mixed_step.py --shape llama3-8b --batches 128,256,384,512 --prompts 0 --context 400 --max-batch 512 --out "$out/mixed_step_$v.json"; done
+    VARIANTS="head:32 ts:32" each_variant offline_variant
+    ;;
   prefill_attention)
     # issue 5: prefill attention alone on the offline workload's first steps, against one long prompt and
     # torch's flash SDPA (bench/prefill_attention.py)

@@ -100,6 +100,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--profile-dir", default=None, help="a torch.profiler kernel table per decode graph here")
     parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-batch", type=int, default=256, help="max_num_seqs and the biggest decode graph")
     parser.add_argument("--fused-gemv-rows", type=int, default=None, help="EngineArgs.fused_gemv_rows (default: the engine's)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -109,7 +110,8 @@ def main() -> None:
     from bento_pagedllm.config import EngineArgs
 
     engine = LLMEngine(EngineArgs(model=shape_dir(args.shape), load_format="dummy", dtype="bfloat16",
-                                  max_num_seqs=256, max_graph_batch=256, max_model_len=args.max_model_len,
+                                  max_num_seqs=args.max_batch, max_graph_batch=args.max_batch,
+                                  max_model_len=args.max_model_len,
                                   max_num_batched_tokens=8192,
                                   **({} if args.fused_gemv_rows is None else {"fused_gemv_rows": args.fused_gemv_rows})))
     runner, model = engine.runner, engine.runner.model
