@@ -190,21 +190,22 @@ class LlamaForCausalLM(nn.Module):
 
         NOTE: one query token per sequence (decode), so the tokens split where the sequences do. The
         halves share the KV cache (they write different slots) and nothing else: the second half has its
-        own attention backend (the split decode kernel's counters must not be shared by concurrent
+        own attention backend on a GPU (the split decode kernel's counters must not be shared by concurrent
         launches). Each half's tensors live on its own stream; the output is allocated before the fork
         and the calling stream waits for the side stream before returning. `side_stream` None (the CPU):
         the halves run one after the other.
         """
         split = metas[0].num_seqs
         assert input_ids.shape[0] == split + metas[1].num_seqs
-        if self.side_backend is None:
+        if side_stream is not None and self.side_backend is None:
             self.side_backend = attention_backend_for(input_ids.device, self.backend_pdl)
         out = torch.empty(input_ids.shape[0], self.config.hidden_size, dtype=self.embed_tokens.weight.dtype,
                           device=input_ids.device)
         streams = (None, side_stream)
         if side_stream is not None:
             side_stream.wait_stream(torch.cuda.current_stream())
-        halves = ((slice(0, split), metas[0], self.backend), (slice(split, None), metas[1], self.side_backend))
+        side_backend = self.backend if side_stream is None else self.side_backend  # NOTE: one after the other
+        halves = ((slice(0, split), metas[0], self.backend), (slice(split, None), metas[1], side_backend))
         states = []  # per half: [hidden, residual, rotary context]
         for (rows, _, _), stream in zip(halves, streams):
             with _on(stream):
