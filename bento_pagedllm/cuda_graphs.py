@@ -43,6 +43,9 @@ SHORT_CONTEXT = 1024  # tokens: one program reads that much of a KV head in a fe
 # of 257-512 sequences spend ~26% of their time in decode attention while their GEMMs (a few hundred rows:
 # few output tiles) leave multiprocessors idle; overlapping the two could save ~1-2 ms of their ~15 ms.
 TWO_STREAM_MIN_BATCH = 0
+# with TWO_STREAM_MIN_BATCH: the second half's attention blocks wait for the first half's (forward_in_halves'
+# `staggered`), so each runs beside the other half's MLP GEMMs. NOTE: the other half of the experiment
+TWO_STREAM_STAGGERED = False
 
 
 def batch_size_ladder(max_batch: int) -> list[int]:
@@ -106,7 +109,7 @@ def _model_step_in_halves(model, inputs: "_StaticInputs", sampled: torch.Tensor,
 
     fill_pending_ids(inputs.input_ids[:num_tokens], inputs.pending_src[:num_tokens], sampled)
     return model.forward_in_halves(inputs.input_ids[:num_tokens], inputs.positions[:num_tokens], kv_caches, metas,
-                                   side_stream)
+                                   side_stream, staggered=TWO_STREAM_STAGGERED)
 
 
 def _capture(step, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

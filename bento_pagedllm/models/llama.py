@@ -92,6 +92,11 @@ class LlamaDecoderLayer(nn.Module):
         """hidden: the previous layer's output, residual: the running sum before it (None at layer 0, or
         when `hidden` already is the sum). Returns the same pair for the next layer (the add is fused into
         the next norm, or into the projection before it)."""
+        hidden, residual = self.attention_block(hidden, residual, rotary_context, kv_cache, meta, ops, backend)
+        return self.mlp_block(hidden, residual, ops)
+
+    def attention_block(self, hidden, residual, rotary_context, kv_cache, meta: AttentionMetadata, ops, backend):
+        """The layer's first half: norm, q/k/v, attention, o. Returns (o's output, residual) as `forward`."""
         num_tokens = hidden.shape[0]
         qkv, residual = ops.norm_and_project(hidden, residual, self.input_layernorm, self.eps, self.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -102,7 +107,10 @@ class LlamaDecoderLayer(nn.Module):
         # rotary embedding, the new K/V into the cache, attention: [num_tokens, num_heads / tp, head_dim]
         attn = backend.forward_new_tokens(q, k, v, kv_cache, meta, self.scale, ops, rotary_context)
         # [num_tokens, hidden], all-reduced (and, on the fused one-token path, already added to the residual)
-        hidden, residual = ops.project(attn.reshape(num_tokens, self.q_size), self.o_proj, residual)
+        return ops.project(attn.reshape(num_tokens, self.q_size), self.o_proj, residual)
+
+    def mlp_block(self, hidden, residual, ops):
+        """The layer's second half: norm, gate/up with SwiGLU, down."""
         # silu(gate) * up: [num_tokens, intermediate / tp]
         act, residual = ops.norm_and_activate(hidden, residual, self.post_attention_layernorm, self.eps,
                                               self.gate_up_proj)
@@ -183,6 +191,7 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         metas: tuple[AttentionMetadata, AttentionMetadata],  # the first metas[0].num_seqs tokens, then the rest
         side_stream: "torch.cuda.Stream | None",
+        staggered: bool = False,
     ) -> torch.Tensor:
         """`forward` of a decode batch as two independent halves, the second on `side_stream`: the same
         result, [num_tokens, hidden], but on a GPU one half's memory-bound attention can run beside the
@@ -194,6 +203,10 @@ class LlamaForCausalLM(nn.Module):
         launches). Each half's tensors live on its own stream; the output is allocated before the fork
         and the calling stream waits for the side stream before returning. `side_stream` None (the CPU):
         the halves run one after the other.
+
+        `staggered`: the second half's attention block of each layer (norm, q/k/v, attention, o) waits for
+        the first half's, so that it runs beside the first half's MLP (GEMMs) rather than beside its own
+        twin; without it the halves may run in step, each phase beside the same phase of the other.
         """
         split = metas[0].num_seqs
         assert input_ids.shape[0] == split + metas[1].num_seqs
@@ -212,10 +225,18 @@ class LlamaForCausalLM(nn.Module):
                 hidden = self.embed_tokens(input_ids[rows])  # [half tokens, hidden]
                 states.append([hidden, None, self.ops.rotary_context(positions[rows], self.rotary.cos,
                                                                      self.rotary.sin, hidden.dtype)])
+        stagger = staggered and side_stream is not None
         for layer, kv_cache in zip(self.layers, kv_caches):
+            first_attention_done = torch.cuda.Event() if stagger else None
             for state, (_, meta, backend), stream in zip(states, halves, streams):
                 with _on(stream):  # NOTE: issued alternately; each half's kernels wait only for its own
-                    state[0], state[1] = layer(state[0], state[1], state[2], kv_cache, meta, self.ops, backend)
+                    if stagger and stream is side_stream:
+                        side_stream.wait_event(first_attention_done)
+                    state[0], state[1] = layer.attention_block(state[0], state[1], state[2], kv_cache, meta,
+                                                               self.ops, backend)
+                    if stagger and stream is None:
+                        first_attention_done.record()
+                    state[0], state[1] = layer.mlp_block(state[0], state[1], self.ops)
         for state, (rows, _, _), stream in zip(states, halves, streams):
             with _on(stream):
                 hidden, residual = state[0], state[1]

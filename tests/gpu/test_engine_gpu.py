@@ -112,14 +112,17 @@ def test_float32_greedy_matches_transformers_exactly(tiny_dir, monkeypatch):
         assert max(abs(a.logprob - b) for a, b in zip(out.logprobs, logprobs)) < 1e-3
 
 
-def test_decode_graphs_in_two_halves_on_two_streams_give_the_same_tokens(tiny_dir, monkeypatch):
+@pytest.mark.parametrize("staggered", [False, True])
+def test_decode_graphs_in_two_halves_on_two_streams_give_the_same_tokens(tiny_dir, monkeypatch, staggered):
     """cuda_graphs.TWO_STREAM_MIN_BATCH: decode batches of 2+ sequences as two halves on two streams
-    (LlamaForCausalLM.forward_in_halves), against eager steps, float32."""
+    (LlamaForCausalLM.forward_in_halves; staggered: the second half's attention blocks wait for the
+    first's), against eager steps, float32."""
     from bento_pagedllm import cuda_graphs
     from bento_pagedllm.models.llama import LlamaForCausalLM
 
     eager = run_engine(tiny_dir, "float32", enforce_eager=True)
     monkeypatch.setattr(cuda_graphs, "TWO_STREAM_MIN_BATCH", 2)
+    monkeypatch.setattr(cuda_graphs, "TWO_STREAM_STAGGERED", staggered)
     captured, forward_in_halves = [], LlamaForCausalLM.forward_in_halves
     monkeypatch.setattr(LlamaForCausalLM, "forward_in_halves",
                         lambda self, ids, *args: captured.append(ids.shape[0]) or forward_in_halves(self, ids, *args))
