@@ -113,9 +113,8 @@ def _timed_us(fn, copies: list[torch.Tensor]) -> float:
 def sweep_configs(k: int, m: int, swiglu: bool = False) -> list[dict]:
     """m > 1, the tensor-core tile: 16 to 64 W rows by 128 to 512 columns (up to K), 3 to 6 pipeline stages,
     2 or 4 warps, whose stages (W's tile, twice with `swiglu`: gate and up, and the input's) fit in 200 KB
-    of shared memory. m = 1, the CUDA-core kernel: 1 to 32 W rows by
-    256 to 4,096 columns, 1 to 8 warps, holding 8 to 64 products a thread (the configurations the
-    autotuner tries hold 16 or 32)."""
+    of shared memory. m = 1, the CUDA-core kernel: 1 to 32 W rows by 256 to 4,096 columns, 1 to 8 warps,
+    holding 8 to 64 products a thread (the configurations the autotuner tries hold 16 or 32)."""
     width = max(128, 1 << (k - 1).bit_length())
     configs = []
     if m == 1:

@@ -93,23 +93,19 @@ def mixed_token_ladder(max_tokens: int) -> list[int]:
 
 
 def _model_step(model, inputs: "_StaticInputs", sampled: torch.Tensor, num_tokens: int, kv_caches,
-                metadata: AttentionMetadata) -> torch.Tensor:
+                metadata, side_stream: "torch.cuda.Stream | None" = None) -> torch.Tensor:
     """What a graph replays: the pending input ids filled in from `sampled` (the runner's buffer of the
-    step before's token ids), then the model over the first `num_tokens` tokens of the static inputs."""
+    step before's token ids), then the model over the first `num_tokens` tokens of the static inputs.
+    With `side_stream`, `metadata` is the two halves' (AttentionMetadata, AttentionMetadata) and the model
+    runs them on two streams (`forward_in_halves`)."""
     from .kernels.tokens import fill_pending_ids
 
     fill_pending_ids(inputs.input_ids[:num_tokens], inputs.pending_src[:num_tokens], sampled)
-    return model(inputs.input_ids[:num_tokens], inputs.positions[:num_tokens], kv_caches, metadata)
-
-
-def _model_step_in_halves(model, inputs: "_StaticInputs", sampled: torch.Tensor, num_tokens: int, kv_caches,
-                          metas: tuple[AttentionMetadata, AttentionMetadata], side_stream) -> torch.Tensor:
-    """_model_step with the model's forward in two halves on two streams (`forward_in_halves`)."""
-    from .kernels.tokens import fill_pending_ids
-
-    fill_pending_ids(inputs.input_ids[:num_tokens], inputs.pending_src[:num_tokens], sampled)
-    return model.forward_in_halves(inputs.input_ids[:num_tokens], inputs.positions[:num_tokens], kv_caches, metas,
-                                   side_stream, staggered=TWO_STREAM_STAGGERED)
+    input_ids, positions = inputs.input_ids[:num_tokens], inputs.positions[:num_tokens]
+    if side_stream is not None:
+        return model.forward_in_halves(input_ids, positions, kv_caches, metadata, side_stream,
+                                       staggered=TWO_STREAM_STAGGERED)
+    return model(input_ids, positions, kv_caches, metadata)
 
 
 def _capture(step, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -183,14 +179,11 @@ class DecodeGraphs:
     the mixed graphs likewise)."""
 
     def __init__(self, model, kv_caches, *, max_batch: int, max_model_len: int, block_size: int,
-                 device: torch.device, sampled: torch.Tensor, two_stream_min_batch: int | None = None) -> None:
+                 device: torch.device, sampled: torch.Tensor) -> None:
         self.model = model
-        # NOTE: batch sizes from this one on run as two halves on two streams (0: none; default
-        # TWO_STREAM_MIN_BATCH; tensor parallel size 1 only: each half's all-reduces would need their own
-        # communicator)
-        if two_stream_min_batch is None:
-            two_stream_min_batch = TWO_STREAM_MIN_BATCH
-        self.two_stream_min_batch = two_stream_min_batch if model.parallel.size == 1 else 0
+        # NOTE: batch sizes from this one on run as two halves on two streams (0: none; tensor parallel size
+        # 1 only: each half's all-reduces would need their own communicator)
+        self.two_stream_min_batch = TWO_STREAM_MIN_BATCH if model.parallel.size == 1 else 0
         self.side_stream = torch.cuda.Stream(device) if self.two_stream_min_batch else None
         self.sampled = sampled
         self.kv_caches = kv_caches
@@ -287,8 +280,7 @@ class DecodeGraphs:
             # the shorter ones and the padding rows
             half = batch // 2
             metas = (self._metadata(half, bound), self._metadata(batch, bound, first=half))
-            return _model_step_in_halves(self.model, self.inputs, self.sampled, batch, self.kv_caches, metas,
-                                         self.side_stream)
+            return _model_step(self.model, self.inputs, self.sampled, batch, self.kv_caches, metas, self.side_stream)
         return _model_step(self.model, self.inputs, self.sampled, batch, self.kv_caches, self._metadata(batch, bound))
 
     def fits(self, num_seqs: int) -> bool:

@@ -145,7 +145,6 @@ class LlamaForCausalLM(nn.Module):
         pdl = dependent_launch and supports_dependent_launch(device)  # NOTE: the setting, where the GPU has it
         self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv_rows, pdl)
         self.backend = attention_backend_for(device, pdl)
-        self.backend_pdl = pdl
         self.side_backend = None  # NOTE: forward_in_halves' second half's, made at its first call
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, parallel) for _ in range(config.num_hidden_layers))
@@ -211,7 +210,7 @@ class LlamaForCausalLM(nn.Module):
         split = metas[0].num_seqs
         assert input_ids.shape[0] == split + metas[1].num_seqs
         if side_stream is not None and self.side_backend is None:
-            self.side_backend = attention_backend_for(input_ids.device, self.backend_pdl)
+            self.side_backend = attention_backend_for(input_ids.device, self.backend.pdl)
         out = torch.empty(input_ids.shape[0], self.config.hidden_size, dtype=self.embed_tokens.weight.dtype,
                           device=input_ids.device)
         streams = (None, side_stream)
@@ -228,13 +227,13 @@ class LlamaForCausalLM(nn.Module):
         stagger = staggered and side_stream is not None
         for layer, kv_cache in zip(self.layers, kv_caches):
             first_attention_done = torch.cuda.Event() if stagger else None
-            for state, (_, meta, backend), stream in zip(states, halves, streams):
+            for half, (state, (_, meta, backend), stream) in enumerate(zip(states, halves, streams)):
                 with _on(stream):  # NOTE: issued alternately; each half's kernels wait only for its own
-                    if stagger and stream is side_stream:
+                    if stagger and half == 1:
                         side_stream.wait_event(first_attention_done)
                     state[0], state[1] = layer.attention_block(state[0], state[1], state[2], kv_cache, meta,
                                                                self.ops, backend)
-                    if stagger and stream is None:
+                    if stagger and half == 0:
                         first_attention_done.record()
                     state[0], state[1] = layer.mlp_block(state[0], state[1], self.ops)
         for state, (rows, _, _), stream in zip(states, halves, streams):
