@@ -33,6 +33,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
+import triton.runtime.errors
 import triton.testing
 
 from bento_pagedllm.kernels import activation, gemv, rms_norm
@@ -122,12 +123,16 @@ def sweep_configs(k: int, m: int, swiglu: bool = False) -> list[dict]:
                                                          (1, 2, 4, 8)):
             if block_k <= width and 8 <= block_n * block_k // (32 * warps) <= 64:
                 configs.append({"BLOCK_N": block_n, "BLOCK_K": block_k, "num_warps": warps})
-        return configs
-    for block_n, block_k, stages, warps in itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (2, 4)):
-        w_rows = 2 * block_n if swiglu else block_n
-        if block_k <= width and stages * (w_rows + gemv.row_tile(m)) * block_k * 2 <= 200 << 10:
-            configs.append({"BLOCK_N": block_n, "BLOCK_K": block_k, "num_stages": stages, "num_warps": warps})
-    return configs
+    else:
+        for block_n, block_k, stages, warps in itertools.product((16, 32, 64), (128, 256, 512), (3, 4, 6), (2, 4)):
+            w_rows = 2 * block_n if swiglu else block_n
+            if block_k <= width and stages * (w_rows + gemv.row_tile(m)) * block_k * 2 <= 200 << 10:
+                configs.append({"BLOCK_N": block_n, "BLOCK_K": block_k, "num_stages": stages, "num_warps": warps})
+    # NOTE: and every configuration the autotuner may pick (kept by its pruning), so that its choice of each
+    # process can be looked up in the sweep's in-graph timings
+    tuned = [{**c.kwargs, "num_warps": c.num_warps, **({"num_stages": c.num_stages} if m > 1 else {})}
+             for c in (gemv._row_configs() if m == 1 else gemv._tile_configs()) if c.kwargs["BLOCK_K"] <= width]
+    return configs + [c for c in tuned if c not in configs]
 
 
 def sweep(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float) -> dict:
@@ -138,8 +143,16 @@ def sweep(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps
     pdl = supports_dependent_launch(w.device)
     configs = sweep_configs(k, m, swiglu=prologue == "swiglu")
     fused(pdl, w, configs[0])  # NOTE: the first compile alone sets up the device's cache the threads share
+
+    def compiles(config: dict) -> bool:
+        try:
+            fused(pdl, w, config)
+            return True
+        except triton.runtime.errors.OutOfResources:  # NOTE: as the autotuner skips it
+            return False
+
     with ThreadPoolExecutor(max_workers=gemv.COMPILE_THREADS) as pool:
-        list(pool.map(lambda config: fused(pdl, w, config), configs[1:]))
+        configs = configs[:1] + [c for c, ok in zip(configs[1:], pool.map(compiles, configs[1:])) if ok]
     torch.cuda.synchronize()
     copies = _weight_copies(w)
     fused(pdl, w)  # the autotuner's choice, tuned outside the graph

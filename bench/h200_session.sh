@@ -310,19 +310,12 @@ case $part in
     # sweep, for SHAPES_SWEEP (default the Llama-3-8B projections; its o has Llama-2-7B's shape)
     (cd bench && run gemv_sweep_rows${ROWS:-32} 300 $PY gemv.py --sweep --rows ${ROWS:-32} --shapes "${SHAPES_SWEEP:-llama3-8b qkv,llama3-8b down,llama3-8b gate_up,llama2-7b o}" --out "$out/gemv_sweep_rows${ROWS:-32}.json")
     ;;
-  two_stream_ab)
-    # issue 5: decode graphs of TS_MIN+ sequences (default 256) as two halves on two streams
-    # (cuda_graphs.TWO_STREAM_MIN_BATCH; the exports ab/ts, ab/tss are made here from the tree) against the tree as it
-    # is: TESTS=1: the GPU engine test of the halves first; decode steps alone (bench/mixed_step.py, the 8B at
-    # 256-512 sequences of 400-token contexts), then Llama-3-8B offline, ABBA
-    # (ts: the halves as they come; tss: staggered, TWO_STREAM_STAGGERED)
-    for v in ts tss; do rm -rf ab/$v && mkdir -p ab/$v && cp -r bento_pagedllm ab/$v/
-      sed -i "s/^TWO_STREAM_MIN_BATCH = .*/TWO_STREAM_MIN_BATCH = ${TS_MIN:-256}/" ab/$v/bento_pagedllm/cuda_graphs.py; done
-    sed -i "s/^TWO_STREAM_STAGGERED = .*/TWO_STREAM_STAGGERED = True/" ab/tss/bento_pagedllm/cuda_graphs.py
-    [ -n "${TESTS:-}" ] && run gpu_tests 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_engine_gpu.py -k "two_streams"
-    for v in head ts tss; do P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
-      PYTHONPATH=$P run mixed_step_$v 120 $PY bench/mixed_step.py --shape llama3-8b --batches 256,512 --prompts 0 --context 400 --max-batch 512 --runs 5 --out "$out/mixed_step_$v.json"; done
-    VARIANTS="${TS_VARIANTS:-head:32 ts:32 tss:32}" each_variant offline_variant
+  tuning_spread)
+    # issue 5: how much the autotuner's per-process choices cost: the tensor-core tiles at ROWS rows (default 16)
+    # in every sweep configuration (the autotuner's own included) for the Llama-3-8B projections, then N_RUNS
+    # (default 4) Llama-3-8B offline runs of the tree, each recording its choices (tuned_configs)
+    (cd bench && run gemv_sweep_rows${ROWS:-16} 300 $PY gemv.py --sweep --rows ${ROWS:-16} --shapes "${SHAPES_SWEEP:-llama3-8b qkv,llama3-8b down,llama3-8b gate_up,llama2-7b o,llama3-8b lm_head}" --out "$out/gemv_sweep_rows${ROWS:-16}.json")
+    for n in $(seq ${N_RUNS:-4}); do offline_variant $n head 32 "$PYTHONPATH"; done
     ;;
   prefill_attention)
     # issue 5: prefill attention alone on the offline workload's first steps, against one long prompt and

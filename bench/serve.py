@@ -170,7 +170,10 @@ def run_offline(args, requests) -> dict:
              "prefix_hit_tokens": engine.block_manager.prefix_hit_tokens, "triton_compiles_in_run": compiles,
              "host": host.summary()}
     if timeline is not None:
+        from bento_pagedllm.kernels import gemv
+
         extra["gpu_timeline"] = idle_fraction(timeline)
+        extra["tuned_configs"] = gemv.tuned_configs()  # NOTE: re-made (and may differ) in every process
     engine.shutdown()  # the tensor-parallel workers, if any
     return report(list(records.values()), wall, extra)
 

@@ -38,14 +38,6 @@ from .transfer import ALIGNMENT_BYTES
 logger = logging.getLogger(__name__)
 
 SHORT_CONTEXT = 1024  # tokens: one program reads that much of a KV head in a few microseconds
-# Decode graphs of at least this many sequences run the model as two halves on two streams
-# (`LlamaForCausalLM.forward_in_halves`); 0: none. NOTE: an experiment, not measured yet: the 8B's steps
-# of 257-512 sequences spend ~26% of their time in decode attention while their GEMMs (a few hundred rows:
-# few output tiles) leave multiprocessors idle; overlapping the two could save ~1-2 ms of their ~15 ms.
-TWO_STREAM_MIN_BATCH = 0
-# with TWO_STREAM_MIN_BATCH: the second half's attention blocks wait for the first half's (forward_in_halves'
-# `staggered`), so each runs beside the other half's MLP GEMMs. NOTE: the other half of the experiment
-TWO_STREAM_STAGGERED = False
 
 
 def batch_size_ladder(max_batch: int) -> list[int]:
@@ -93,19 +85,13 @@ def mixed_token_ladder(max_tokens: int) -> list[int]:
 
 
 def _model_step(model, inputs: "_StaticInputs", sampled: torch.Tensor, num_tokens: int, kv_caches,
-                metadata, side_stream: "torch.cuda.Stream | None" = None) -> torch.Tensor:
+                metadata: AttentionMetadata) -> torch.Tensor:
     """What a graph replays: the pending input ids filled in from `sampled` (the runner's buffer of the
-    step before's token ids), then the model over the first `num_tokens` tokens of the static inputs.
-    With `side_stream`, `metadata` is the two halves' (AttentionMetadata, AttentionMetadata) and the model
-    runs them on two streams (`forward_in_halves`)."""
+    step before's token ids), then the model over the first `num_tokens` tokens of the static inputs."""
     from .kernels.tokens import fill_pending_ids
 
     fill_pending_ids(inputs.input_ids[:num_tokens], inputs.pending_src[:num_tokens], sampled)
-    input_ids, positions = inputs.input_ids[:num_tokens], inputs.positions[:num_tokens]
-    if side_stream is not None:
-        return model.forward_in_halves(input_ids, positions, kv_caches, metadata, side_stream,
-                                       staggered=TWO_STREAM_STAGGERED)
-    return model(input_ids, positions, kv_caches, metadata)
+    return model(inputs.input_ids[:num_tokens], inputs.positions[:num_tokens], kv_caches, metadata)
 
 
 def _capture(step, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -181,10 +167,6 @@ class DecodeGraphs:
     def __init__(self, model, kv_caches, *, max_batch: int, max_model_len: int, block_size: int,
                  device: torch.device, sampled: torch.Tensor) -> None:
         self.model = model
-        # NOTE: batch sizes from this one on run as two halves on two streams (0: none; tensor parallel size
-        # 1 only: each half's all-reduces would need their own communicator)
-        self.two_stream_min_batch = TWO_STREAM_MIN_BATCH if model.parallel.size == 1 else 0
-        self.side_stream = torch.cuda.Stream(device) if self.two_stream_min_batch else None
         self.sampled = sampled
         self.kv_caches = kv_caches
         self.max_model_len = max_model_len
@@ -205,20 +187,17 @@ class DecodeGraphs:
         self.pool = None
         self.capture_seconds = 0.0
 
-    def _metadata(self, batch: int, context_bound: int, first: int = 0) -> AttentionMetadata:
-        """The static inputs' rows [first, batch) as a decode batch of their own."""
-        rows = slice(first, batch)
-        n = batch - first
+    def _metadata(self, batch: int, context_bound: int) -> AttentionMetadata:
         return AttentionMetadata(
-            slot_mapping=self.inputs.slot_mapping[rows],
-            query_start_loc=self.query_start_loc[: n + 1],
-            seq_lens=self.inputs.seq_lens[rows],
-            block_tables=self.inputs.block_tables[rows],
-            query_lens_host=(1,) * n,
-            seq_lens_host=(context_bound,) * n,
-            decode_indices=self.rows[:n],
-            decode_token_indices=self.rows[:n],
-            decode_indices_host=tuple(range(n)),
+            slot_mapping=self.inputs.slot_mapping[:batch],
+            query_start_loc=self.query_start_loc[: batch + 1],
+            seq_lens=self.inputs.seq_lens[:batch],
+            block_tables=self.inputs.block_tables[:batch],
+            query_lens_host=(1,) * batch,
+            seq_lens_host=(context_bound,) * batch,
+            decode_indices=self.rows[:batch],
+            decode_token_indices=self.rows[:batch],
+            decode_indices_host=tuple(range(batch)),
         )
 
     @torch.inference_mode()
@@ -275,12 +254,6 @@ class DecodeGraphs:
                             size, sizes[j], replay_ms[j], replay_ms[i])
 
     def _step(self, batch: int, bound: int) -> torch.Tensor:
-        if self.two_stream_min_batch and batch >= self.two_stream_min_batch:
-            # NOTE: the first half takes the longest contexts (the scheduler lists them first), the second
-            # the shorter ones and the padding rows
-            half = batch // 2
-            metas = (self._metadata(half, bound), self._metadata(batch, bound, first=half))
-            return _model_step(self.model, self.inputs, self.sampled, batch, self.kv_caches, metas, self.side_stream)
         return _model_step(self.model, self.inputs, self.sampled, batch, self.kv_caches, self._metadata(batch, bound))
 
     def fits(self, num_seqs: int) -> bool:

@@ -13,7 +13,6 @@ stream are replicated. At size 1 the same layers are plain matmuls.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterable
 
@@ -33,11 +32,6 @@ from ..distributed.parallel_state import ParallelConfig
 from ..kernels import cpu_ops
 from .cpu_linear import CpuLinear
 from .ops import NativeCpuOps, TorchOps, TritonOps, attention_backend_for, ops_for, supports_dependent_launch
-
-
-def _on(stream: "torch.cuda.Stream | None"):
-    """Issue on `stream`, or on the current stream when it is None."""
-    return contextlib.nullcontext() if stream is None else torch.cuda.stream(stream)
 
 
 def rotary_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -92,11 +86,6 @@ class LlamaDecoderLayer(nn.Module):
         """hidden: the previous layer's output, residual: the running sum before it (None at layer 0, or
         when `hidden` already is the sum). Returns the same pair for the next layer (the add is fused into
         the next norm, or into the projection before it)."""
-        hidden, residual = self.attention_block(hidden, residual, rotary_context, kv_cache, meta, ops, backend)
-        return self.mlp_block(hidden, residual, ops)
-
-    def attention_block(self, hidden, residual, rotary_context, kv_cache, meta: AttentionMetadata, ops, backend):
-        """The layer's first half: norm, q/k/v, attention, o. Returns (o's output, residual) as `forward`."""
         num_tokens = hidden.shape[0]
         qkv, residual = ops.norm_and_project(hidden, residual, self.input_layernorm, self.eps, self.qkv_proj)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -107,10 +96,7 @@ class LlamaDecoderLayer(nn.Module):
         # rotary embedding, the new K/V into the cache, attention: [num_tokens, num_heads / tp, head_dim]
         attn = backend.forward_new_tokens(q, k, v, kv_cache, meta, self.scale, ops, rotary_context)
         # [num_tokens, hidden], all-reduced (and, on the fused one-token path, already added to the residual)
-        return ops.project(attn.reshape(num_tokens, self.q_size), self.o_proj, residual)
-
-    def mlp_block(self, hidden, residual, ops):
-        """The layer's second half: norm, gate/up with SwiGLU, down."""
+        hidden, residual = ops.project(attn.reshape(num_tokens, self.q_size), self.o_proj, residual)
         # silu(gate) * up: [num_tokens, intermediate / tp]
         act, residual = ops.norm_and_activate(hidden, residual, self.post_attention_layernorm, self.eps,
                                               self.gate_up_proj)
@@ -145,7 +131,6 @@ class LlamaForCausalLM(nn.Module):
         pdl = dependent_launch and supports_dependent_launch(device)  # NOTE: the setting, where the GPU has it
         self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv_rows, pdl)
         self.backend = attention_backend_for(device, pdl)
-        self.side_backend = None  # NOTE: forward_in_halves' second half's, made at its first call
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, parallel) for _ in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
@@ -182,70 +167,6 @@ class LlamaForCausalLM(nn.Module):
             else:
                 hidden, residual = layer(hidden, residual, rotary, kv_cache, meta, self.ops, self.backend)
         return hidden if residual is None else residual + hidden  # [num_tokens, hidden], before the final norm
-
-    def forward_in_halves(
-        self,
-        input_ids: torch.Tensor,  # [num_tokens]
-        positions: torch.Tensor,  # [num_tokens]
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-        metas: tuple[AttentionMetadata, AttentionMetadata],  # the first metas[0].num_seqs tokens, then the rest
-        side_stream: "torch.cuda.Stream | None",
-        staggered: bool = False,
-    ) -> torch.Tensor:
-        """`forward` of a decode batch as two independent halves, the second on `side_stream`: the same
-        result, [num_tokens, hidden], but on a GPU one half's memory-bound attention can run beside the
-        other half's GEMMs, whose few hundred rows leave multiprocessors idle (few output tiles).
-
-        NOTE: one query token per sequence (decode), so the tokens split where the sequences do. The
-        halves share the KV cache (they write different slots) and nothing else: the second half has its
-        own attention backend on a GPU (the split decode kernel's counters must not be shared by concurrent
-        launches). Each half's tensors live on its own stream; the output is allocated before the fork
-        and the calling stream waits for the side stream before returning. `side_stream` None (the CPU):
-        the halves run one after the other.
-
-        `staggered`: the second half's attention block of each layer (norm, q/k/v, attention, o) waits for
-        the first half's, so that it runs beside the first half's MLP (GEMMs) rather than beside its own
-        twin; without it the halves may run in step, each phase beside the same phase of the other.
-        """
-        split = metas[0].num_seqs
-        assert input_ids.shape[0] == split + metas[1].num_seqs
-        if side_stream is not None and self.side_backend is None:
-            self.side_backend = attention_backend_for(input_ids.device, self.backend.pdl)
-        out = torch.empty(input_ids.shape[0], self.config.hidden_size, dtype=self.embed_tokens.weight.dtype,
-                          device=input_ids.device)
-        streams = (None, side_stream)
-        if side_stream is not None:
-            side_stream.wait_stream(torch.cuda.current_stream())
-        side_backend = self.backend if side_stream is None else self.side_backend  # NOTE: one after the other
-        halves = ((slice(0, split), metas[0], self.backend), (slice(split, None), metas[1], side_backend))
-        states = []  # per half: [hidden, residual, rotary context]
-        for (rows, _, _), stream in zip(halves, streams):
-            with _on(stream):
-                hidden = self.embed_tokens(input_ids[rows])  # [half tokens, hidden]
-                states.append([hidden, None, self.ops.rotary_context(positions[rows], self.rotary.cos,
-                                                                     self.rotary.sin, hidden.dtype)])
-        stagger = staggered and side_stream is not None
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            first_attention_done = torch.cuda.Event() if stagger else None
-            for half, (state, (_, meta, backend), stream) in enumerate(zip(states, halves, streams)):
-                with _on(stream):  # NOTE: issued alternately; each half's kernels wait only for its own
-                    if stagger and half == 1:
-                        side_stream.wait_event(first_attention_done)
-                    state[0], state[1] = layer.attention_block(state[0], state[1], state[2], kv_cache, meta,
-                                                               self.ops, backend)
-                    if stagger and half == 0:
-                        first_attention_done.record()
-                    state[0], state[1] = layer.mlp_block(state[0], state[1], self.ops)
-        for state, (rows, _, _), stream in zip(states, halves, streams):
-            with _on(stream):
-                hidden, residual = state[0], state[1]
-                if residual is None:
-                    out[rows].copy_(hidden)
-                else:
-                    torch.add(residual, hidden, out=out[rows])
-        if side_stream is not None:
-            torch.cuda.current_stream().wait_stream(side_stream)
-        return out
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """hidden: [num_rows, hidden] (already only the rows that need logits) -> [num_rows, vocab] on

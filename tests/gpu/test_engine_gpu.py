@@ -112,25 +112,6 @@ def test_float32_greedy_matches_transformers_exactly(tiny_dir, monkeypatch):
         assert max(abs(a.logprob - b) for a, b in zip(out.logprobs, logprobs)) < 1e-3
 
 
-@pytest.mark.parametrize("staggered", [False, True])
-def test_decode_graphs_in_two_halves_on_two_streams_give_the_same_tokens(tiny_dir, monkeypatch, staggered):
-    """cuda_graphs.TWO_STREAM_MIN_BATCH: decode batches of 2+ sequences as two halves on two streams
-    (LlamaForCausalLM.forward_in_halves; staggered: the second half's attention blocks wait for the
-    first's), against eager steps, float32."""
-    from bento_pagedllm import cuda_graphs
-    from bento_pagedllm.models.llama import LlamaForCausalLM
-
-    eager = run_engine(tiny_dir, "float32", enforce_eager=True)
-    monkeypatch.setattr(cuda_graphs, "TWO_STREAM_MIN_BATCH", 2)
-    monkeypatch.setattr(cuda_graphs, "TWO_STREAM_STAGGERED", staggered)
-    captured, forward_in_halves = [], LlamaForCausalLM.forward_in_halves
-    monkeypatch.setattr(LlamaForCausalLM, "forward_in_halves",
-                        lambda self, ids, *args: captured.append(ids.shape[0]) or forward_in_halves(self, ids, *args))
-    halves = run_engine(tiny_dir, "float32", max_mixed_graph_tokens=0)
-    assert captured and min(captured) == 2  # every decode graph of 2+ sequences
-    assert [o.token_ids for o in halves] == [o.token_ids for o in eager]
-
-
 def test_bfloat16_agrees_with_transformers_bfloat16(tiny_dir):
     """NOTE on the tolerance: bfloat16 keeps 8 significant bits (relative error ~0.4%), and our kernels
     accumulate in a different order than cuBLAS/SDPA, so logits differ by ~1e-2; where two tokens are
