@@ -317,6 +317,12 @@ case $part in
     (cd bench && run gemv_sweep_rows${ROWS:-16} 300 $PY gemv.py --sweep --rows ${ROWS:-16} --shapes "${SHAPES_SWEEP:-llama3-8b qkv,llama3-8b down,llama3-8b gate_up,llama2-7b o,llama3-8b lm_head}" --out "$out/gemv_sweep_rows${ROWS:-16}.json")
     for n in $(seq ${N_RUNS:-4}); do offline_variant $n head 32 "$PYTHONPATH"; done
     ;;
+  offline_runs)
+    # issue 5: N_RUNS (default 3) Llama-3-8B offline runs of the tree, the first with an empty Triton cache (a
+    # fresh machine's first run: whether anything compiles inside the clock, `triton_compiles_in_run`)
+    TRITON_CACHE_DIR=$(mktemp -d) offline_variant 1 cold 32 "$PYTHONPATH"
+    for n in $(seq 2 ${N_RUNS:-3}); do offline_variant $n head 32 "$PYTHONPATH"; done
+    ;;
   prefill_attention)
     # issue 5: prefill attention alone on the offline workload's first steps, against one long prompt and
     # torch's flash SDPA (bench/prefill_attention.py)

@@ -55,7 +55,10 @@ def _tile_position(tile, num_m, num_n, GROUP_M: tl.constexpr):
     return first_m + (tile % group_rows), (tile % (GROUP_M * num_n)) // group_rows
 
 
-@triton.jit
+# NOTE: M (the step's tokens) not specialised: a step of a token count divisible by 16 and one of another count
+# would each compile the kernel (Triton specialises integers on divisibility by 16), the second inside a
+# served step: a cold H200 spent ~0.4 s of an 8B offline run's first prefill step on it (2026-12-02)
+@triton.jit(do_not_specialize=["M"])
 def _swiglu_gemm_kernel(x_desc, w_desc, y_desc, M, N, K, NUM_SMS: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """N: y's columns (the intermediate size); W: [2N, K], interleaved in blocks of BLOCK rows."""

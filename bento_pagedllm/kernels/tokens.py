@@ -96,7 +96,7 @@ def argmax_ref(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])  # NOTE: per-step values (see swiglu_gemm.py)
 def _fill_pending_kernel(ids_ptr, src_ptr, sampled_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n

@@ -143,6 +143,34 @@ def test_pending_input_ids_come_from_the_sampled_rows(n):
     check_fill_pending_ids(n, "cuda")
 
 
+def _compiled_variants(kernel) -> int:
+    return len(kernel.device_caches[torch.cuda.current_device()][0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="the tensor-memory accelerator needs compute capability 9+")
+def test_a_steps_token_count_compiles_no_new_kernel_variant():
+    """The kernels of every step whose integer arguments are the step's sizes (the eager path's SwiGLU GEMM,
+    the pending input ids) compile once, whatever the count: Triton specialises integers divisible by 16,
+    and a second variant compiled inside a served step (0.4 s on a cold H200, 2026-12-02)."""
+    from bento_pagedllm.kernels import swiglu_gemm as sg
+    from bento_pagedllm.kernels import tokens
+
+    sampled = torch.arange(8, device="cuda")
+    for n in (1008, 600, 700):  # one BLOCK (1,024); 1,008 divisible by 16, the others not
+        tokens.fill_pending_ids(torch.zeros(n, dtype=torch.int64, device="cuda"),
+                                torch.zeros(n, dtype=torch.int64, device="cuda"), sampled)
+        if n == 1008:
+            variants = _compiled_variants(tokens._fill_pending_kernel)
+    assert _compiled_variants(tokens._fill_pending_kernel) == variants
+    weight = sg.interleave_gate_up(torch.randn(2 * 1024, 512, device="cuda", dtype=BF16), sg.INTERLEAVE)
+    for rows in (4096, 4100, 4113):
+        sg.swiglu_gemm(torch.randn(rows, 512, device="cuda", dtype=BF16), weight, sg.INTERLEAVE)
+        if rows == 4096:
+            variants = _compiled_variants(sg._swiglu_gemm_kernel)
+    assert _compiled_variants(sg._swiglu_gemm_kernel) == variants
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
                     reason="the tensor-memory accelerator needs compute capability 9+")
 @pytest.mark.parametrize("rows,inter,hidden", [(4096, 1024, 4096), (5000, 14336, 4096), (300, 14336, 4096)])  # ragged rows; 8B's MLP
