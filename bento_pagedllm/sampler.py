@@ -43,8 +43,13 @@ def _splitmix64(x: torch.Tensor) -> torch.Tensor:
 
 
 def mix_seed(seed: int, stream: int) -> int:
-    """A well-mixed 64-bit seed for choice `stream` of a request seeded with `seed` (host side)."""
-    return int(_splitmix64(torch.tensor([_signed64(seed * 0x100000001B3 + stream * _GOLDEN)]))[0])
+    """A well-mixed 64-bit seed for choice `stream` of a request seeded with `seed` (host side): `_splitmix64`
+    on Python integers, to the same bits. NOTE: not through a one-element tensor, which took ~20 us a
+    request (10 ms of adding 500 requests at once)."""
+    x = (seed * 0x100000001B3 + stream * _GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * _MIX1) & _MASK64
+    x = ((x ^ (x >> 27)) * _MIX2) & _MASK64
+    return _signed64(x ^ (x >> 31))
 
 
 def exponential_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:

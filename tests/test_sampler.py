@@ -182,3 +182,17 @@ def test_no_logprobs_are_computed_unless_asked():
     logits = torch.randn(2, 16)
     out = sample(logits, SamplingBatch.from_rows(rows_for([SamplingParams(temperature=0.0)] * 2), 16, logits.device))
     assert out.logprobs is None and out.token_ids.tolist() == logits.argmax(-1).tolist()
+
+
+def test_the_host_seed_mix_equals_the_tensor_hash():
+    """mix_seed (Python integers) gives the bits `_splitmix64` (the device's int64 tensors) gives: a seeded
+    request's noise must not depend on which side mixed its seed."""
+    import random
+
+    from bento_pagedllm import sampler
+
+    rng = random.Random(0)
+    for seed, stream in [(0, 0), (-5, 3), ((1 << 63) - 1, 7)] + [(rng.getrandbits(63), rng.randrange(8))
+                                                                   for _ in range(200)]:
+        mixed = sampler._signed64(seed * 0x100000001B3 + stream * sampler._GOLDEN)
+        assert sampler.mix_seed(seed, stream) == int(sampler._splitmix64(torch.tensor([mixed]))[0])
