@@ -8,11 +8,7 @@ step's only synchronisation at the read of the sampled token ids.
 
 from __future__ import annotations
 
-import array
-
 import torch
-
-_TYPECODES = {torch.int64: "q", torch.int32: "i"}  # NOTE: array's "i" is a C int: 32 bits on the platforms torch runs on
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -37,8 +33,5 @@ def pack_to_device(lists: dict[str, list[int]], dtype: torch.dtype, device: torc
         starts.append(len(flat))
         flat += values
         flat += [0] * (-len(flat) % per_boundary)
-    # NOTE: through `array`, which converts a list of Python integers ~4x faster than `torch.tensor` (a
-    # 16,384-token step's ~70,000 values: 0.85 against 3.2 ms on the development CPU)
-    host = torch.frombuffer(array.array(_TYPECODES[dtype], flat), dtype=dtype) if flat else torch.empty(0, dtype=dtype)
-    packed = to_device(host, device)
+    packed = to_device(torch.tensor(flat, dtype=dtype), device)
     return {name: packed[start : start + len(values)] for (name, values), start in zip(lists.items(), starts)}

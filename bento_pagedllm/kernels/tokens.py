@@ -96,9 +96,6 @@ def argmax_ref(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-PENDING_BLOCK = 1024
-
-
 @triton.jit(do_not_specialize=["n"])  # NOTE: per-step values (see swiglu_gemm.py)
 def _fill_pending_kernel(ids_ptr, src_ptr, sampled_ptr, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -110,13 +107,13 @@ def _fill_pending_kernel(ids_ptr, src_ptr, sampled_ptr, n, BLOCK: tl.constexpr):
 
 def fill_pending_ids(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled: torch.Tensor) -> None:
     """input_ids[i] = sampled[pending_src[i]] where pending_src[i] >= 0 (in place; [n] int64 each): the
-    inputs sampled by the step before, which the host has not read yet. One program a 1,024 ids (a decode
-    step's ids fit one), more for a prefill-sized step's. NOTE: one block size whatever the count: one
-    compiled variant, met at start-up, never inside a served step."""
+    inputs sampled by the step before, which the host has not read yet. One program up to 1,024 ids (a
+    decode step's), more for a prefill-sized step's."""
     n = input_ids.shape[0]
     assert pending_src.shape == (n,) and input_ids.dtype == sampled.dtype == torch.int64
     if n:
-        _fill_pending_kernel[(triton.cdiv(n, PENDING_BLOCK),)](input_ids, pending_src, sampled, n, BLOCK=PENDING_BLOCK)
+        block = min(1024, triton.next_power_of_2(n))
+        _fill_pending_kernel[(triton.cdiv(n, block),)](input_ids, pending_src, sampled, n, BLOCK=block)
 
 
 def fill_pending_ids_ref(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled: torch.Tensor) -> None:
