@@ -47,9 +47,10 @@ def tail_lengths(path: str, num_seqs: int) -> list[int]:
 
 
 def measure_lengths(shape: str, lengths: list[int], splits: list[int], fused: bool,
-                    device: torch.device, dtype: torch.dtype = torch.bfloat16) -> list[dict]:
-    """One row per split count for sequences of the given lengths (the auto rule's count added):
-    microseconds and the K/V read rate."""
+                    device: torch.device, dtype: torch.dtype = torch.bfloat16,
+                    tiles: list[tuple[int, int, int] | None] = (None,)) -> list[dict]:
+    """One row per split count (the auto rule's count added) and tile configuration (None: the kernel's
+    own) for sequences of the given lengths: microseconds and the K/V read rate."""
     num_kv_heads, group = SHAPES[shape]
     num_heads = num_kv_heads * group
     num_seqs, context = len(lengths), max(lengths)
@@ -76,16 +77,27 @@ def measure_lengths(shape: str, lengths: list[int], splits: list[int], fused: bo
     auto = choose_num_splits(context, num_seqs, num_heads, num_kv_heads, device)
     rows = []
     for n in sorted(set(splits) | {auto}):
-        def call(n=n):
-            return paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, HEAD_DIM**-0.5, num_splits=n,
-                                          split_counters=counters, new_kv=new_kv)
-        call()  # compile outside the graph
-        us = triton.testing.do_bench_cudagraph(call, rep=50) * 1e3
-        rows.append({"shape": shape, "seqs": num_seqs, "context": context, "mean_context": sum(lengths) / num_seqs,
-                     "fused_rotary": fused, "splits": n, "auto": n == auto,
-                     "us": us, "kv_tbs": kv_bytes / us / 1e6})
-        print(json.dumps(rows[-1]), flush=True)
+        for tile in tiles:
+            def call(n=n, tile=tile):
+                return paged_decode_attention(q, k_cache, v_cache, tables, seq_lens, HEAD_DIM**-0.5, num_splits=n,
+                                              split_counters=counters, new_kv=new_kv, tile=tile)
+            try:
+                call()  # compile outside the graph
+            except triton.runtime.errors.OutOfResources as error:  # a sweep's tile that does not fit
+                print(f"skipped tile {tile}: {error}", flush=True)
+                continue
+            us = triton.testing.do_bench_cudagraph(call, rep=50) * 1e3
+            rows.append({"shape": shape, "seqs": num_seqs, "context": context, "mean_context": sum(lengths) / num_seqs,
+                         "fused_rotary": fused, "splits": n, "auto": n == auto, "tile": tile,
+                         "us": us, "kv_tbs": kv_bytes / us / 1e6})
+            print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def sweep_tiles() -> list[tuple[int, int, int] | None]:
+    """The kernel's own tile, then (keys per tile, warps, stages) around it."""
+    return [None] + [(block_n, warps, stages) for block_n in (32, 64, 128) for warps in (4, 8)
+                     for stages in (1, 2, 3, 4)]
 
 
 def main() -> None:
@@ -95,6 +107,10 @@ def main() -> None:
     parser.add_argument("--contexts", default="128,256,384,512,1024,2048,4096")
     parser.add_argument("--splits", default="1,2,4,8,16,32,64")
     parser.add_argument("--ragged", default="", help="tail batch sizes of the offline workload, comma-separated")
+    parser.add_argument("--tile-sweep", action="store_true",
+                        help="with --ragged: the auto split count only, in every tile of sweep_tiles()")
+    parser.add_argument("--orders", default="workload,longest_first",
+                        help="with --ragged: the batch orders measured (longest_first: the scheduler's)")
     parser.add_argument("--requests", default="bench/data/requests.jsonl")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -102,8 +118,15 @@ def main() -> None:
     rows = []
     for num_seqs in map(int, filter(None, args.ragged.split(","))):
         lengths = tail_lengths(args.requests, num_seqs)
+        if args.tile_sweep:  # as the scheduler lists a decode step, at the split count the backend picks
+            for row in measure_lengths(args.shape, sorted(lengths, reverse=True), [], False, torch.device("cuda"),
+                                       tiles=sweep_tiles()):
+                rows.append({**row, "order": "longest_first"})
+            continue
         # in the workload's order, then as the scheduler lists a decode step (longest context first)
         for order, ordered in (("workload", lengths), ("longest_first", sorted(lengths, reverse=True))):
+            if order not in args.orders.split(","):
+                continue
             for row in measure_lengths(args.shape, ordered, [n for n in splits if n <= 32], False, torch.device("cuda")):
                 rows.append({**row, "order": order})
     for num_seqs in map(int, filter(None, args.seqs.split(","))):

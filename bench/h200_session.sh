@@ -323,6 +323,18 @@ case $part in
     TRITON_CACHE_DIR=$(mktemp -d) offline_variant 1 cold 32 "$PYTHONPATH"
     for n in $(seq 2 ${N_RUNS:-3}); do offline_variant $n head 32 "$PYTHONPATH"; done
     ;;
+  attention_tiles)
+    # issue 5: decode attention alone on the offline workload's big batches (RAGGED), in every tile of
+    # bench/decode_attention.py's sweep_tiles() at the split count the backend picks
+    for shape in ${ATT_SHAPES:-llama3-8b llama2-7b}; do
+      run attention_tiles_$shape 300 $PY bench/decode_attention.py --shape $shape --seqs "" --tile-sweep --ragged ${RAGGED:-478,400,320,256,192,128,64} --out "$out/attention_tiles_$shape.json"; done
+    ;;
+  attention_splits)
+    # issue 5: decode attention alone on the offline workload's batches (RAGGED), longest context first, at
+    # every split count up to 32, for the tree and each export of AB (ab/NAME)
+    for v in head ${AB:-}; do for shape in ${ATT_SHAPES:-llama3-8b llama2-7b}; do
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run attention_splits_${shape}_$v 300 $PY bench/decode_attention.py --shape $shape --seqs "" --orders longest_first --ragged ${RAGGED:-320,256,192,128,64,32,16,8} --out "$out/attention_splits_${shape}_$v.json"; done; done
+    ;;
   prefill_attention)
     # issue 5: prefill attention alone on the offline workload's first steps, against one long prompt and
     # torch's flash SDPA (bench/prefill_attention.py)

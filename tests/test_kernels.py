@@ -220,7 +220,7 @@ def test_dependent_launch_is_taken_only_where_the_gpu_has_it():
 def test_the_decode_split_count_stays_within_its_limits():
     """choose_num_splits: one sequence gets a power of two, one split once its programs fill two waves, at
     least two from 256 tokens on, no more than the context has ~96-token pieces; a batch gets one split from
-    16 (sequence, KV head) pairs a multiprocessor, 2 from 8, 4 from 1, no more than it has 64-token pieces
+    7 (sequence, KV head) pairs a multiprocessor, 2 from 3, 4 from 1, no more than it has 64-token pieces
     (132 multiprocessors on the CPU, an H200's count)."""
     from bento_pagedllm.kernels.paged_decode import MAX_SPLITS, choose_num_splits
 
@@ -236,10 +236,10 @@ def test_the_decode_split_count_stays_within_its_limits():
                     assert splits == 1 or splits * 96 <= max(context, 192)
                 else:
                     assert splits * 64 < context + 64
-                    if pairs >= 16 * 132:
+                    if pairs >= 7 * 132:
                         assert splits == 1
                     elif pairs >= 132:
-                        assert splits == min(2 if pairs >= 8 * 132 else 4, -(-context // 64))
+                        assert splits == min(2 if pairs >= 3 * 132 else 4, -(-context // 64))
     assert choose_num_splits(4096, 1, 32, 8, cpu) == 16 and choose_num_splits(1024, 8, 32, 8, cpu) == 9
 
 

@@ -70,25 +70,26 @@ def choose_num_splits(max_seq_len: int, num_seqs: int, num_heads: int, num_kv_he
     one query head: its programs are shorter, and more of them hide the memory latency), within the
     length limits above, and at least two from 256 tokens on. A batch, by its (sequence, KV head) pairs:
     fewer pairs than multiprocessors, enough splits for about four waves of programs (as many as its
-    64-token pieces allow); then 4 splits, 2 from 8 pairs a multiprocessor, 1 from 16.
+    64-token pieces allow); then 4 splits, 2 from 3 pairs a multiprocessor, 1 from 7.
 
     NOTE: measured on an H200 (bf16). Alone (bench/decode_attention.py, Llama-2-7B and Llama-3-8B
     shapes, 1 to 16 sequences of equal length, 128 to 4096 tokens, every split count; results
     h200-2026-12-01m/run1) the power-of-two rule came within 0.8% of each case's best for one sequence
     and made single-stream Llama-2-7B 0.9% faster (278.2 -> 280.7 tok/s, ABBA order in one call). Batches
-    are measured where they matter, on the offline workload's tail (`--ragged`: 6 to 128 sequences of
-    very different lengths, 240 to 1,920 tokens; h200-2026-12-01o/run2): a split's length follows its
-    sequence's, so the longest sequence's pieces set the time. The earlier batch rule (four waves, one
-    split once the pairs filled two) was 10-25% slower there (e.g. Llama-3-8B, 63 sequences: 61.7 us
-    against 48.7 with 4 splits; Llama-2-7B, 16: 75.2 against 64.8). Fewer pairs than multiprocessors keep
-    the four-wave count (Llama-3-8B, 6 sequences: 13.5 us, 8 splits 13.6).
+    are measured where they matter, on the offline workload's batches (`--ragged`: 8 to 320 sequences of
+    very different lengths, longest first as the scheduler lists them; h200-2026-12-02f/run2): the best
+    count falls with the pairs a multiprocessor, whatever the model. Llama-3-8B (8 KV heads): 1 split from
+    128 sequences (7.8 pairs a multiprocessor; 255 sequences: 87.9 us against 100.5 with the 2 splits of
+    the rule before), 2 at 63-95 (41.2 against 45.8 us with 4 at 63), 2 and 4 equal at 48 (2.9), 4 at 32
+    (1.9); Llama-2-7B (32 KV heads): 1 split at 32 and 63 sequences (82.3 against 96.2 us with 4 at 32), 4
+    at 8. At 5.8 pairs a multiprocessor 2 splits led 1 by 6%, at 7.8 1 led 2 by 3%: hence 7.
     """
     programs = num_seqs * num_kv_heads
     sms = _num_multiprocessors(device)
     if num_seqs > 1:
-        if programs >= 16 * sms:
+        if programs >= 7 * sms:
             return 1
-        wanted = 2 if programs >= 8 * sms else 4 if programs >= sms else triton.cdiv(4 * sms, programs)
+        wanted = 2 if programs >= 3 * sms else 4 if programs >= sms else triton.cdiv(4 * sms, programs)
         return max(1, min(wanted, triton.cdiv(max_seq_len, BATCH_TOKENS_PER_SPLIT), MAX_SPLITS))
     if programs >= 2 * sms:
         return 1
@@ -322,6 +323,7 @@ def paged_decode_attention(
     split_counters: torch.Tensor | None = None,
     pdl: bool = False,
     new_kv: NewKV | None = None,
+    tile: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Attention of each sequence's newest token over its whole paged context: [num_seqs, heads, head_dim].
 
@@ -333,7 +335,8 @@ def paged_decode_attention(
     zeros, left zero after the call (a caller's persistent buffer saves a memset per call; None allocates).
     `pdl`: launch as a programmatic dependent of the kernel before (kernels/gemv.py says why). With
     `new_kv` and a single sequence each program also reads its first K/V tile before that wait (only the
-    one-row projection ahead lets its dependents start early, gemv.py).
+    one-row projection ahead lets its dependents start early, gemv.py). `tile`: (keys per tile, warps,
+    stages) instead of the tuned `_tile_config` (bench/decode_attention.py --tile-sweep compares them).
     """
     num_seqs, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -349,7 +352,7 @@ def paged_decode_attention(
                                        q.device)
     group = num_heads // num_kv_heads
     group_pad = max(16, triton.next_power_of_2(group))  # NOTE: tl.dot needs >= 16 rows
-    block_n, num_warps, num_stages = _tile_config(head_dim)
+    block_n, num_warps, num_stages = tile or _tile_config(head_dim)
     # the combine reads COMBINE_SPLITS partials of COMBINE_ROWS heads at once: 4,096 float32 values, 32
     # registers a thread at 4 warps (NOTE: fixed per shape, not per split count: no variant per step)
     combine_rows = triton.next_power_of_2(group)
