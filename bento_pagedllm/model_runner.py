@@ -102,6 +102,8 @@ class ModelRunner:
         from .kernels import tokens
 
         self._fill_pending_ids = tokens.fill_pending_ids if self.device.type == "cuda" else tokens.fill_pending_ids_ref
+        if self.device.type == "cuda":
+            tokens.compile_fill_pending_ids(configs.scheduler.max_num_batched_tokens, self.sampled_tokens)
         # set to [] to record every step's (start, end) CUDA events, path ("decode_graph", "mixed_graph" or
         # "eager"), sequences and tokens (bench/timeline.py reads them)
         self.timeline: list | None = None

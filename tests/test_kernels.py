@@ -134,6 +134,26 @@ def test_pending_input_ids_come_from_the_sampled_rows(n):
     check_fill_pending_ids(n, DEVICE)
 
 
+def test_the_pending_ids_fill_runs_at_start_up_at_every_block_size_a_step_may_take(monkeypatch):
+    """compile_fill_pending_ids (the model runner's start-up on CUDA): one call at each block size that a
+    step of at most max_ids tokens takes, none larger than max_ids, and it fills nothing."""
+    from bento_pagedllm.kernels import tokens
+
+    real = tokens.fill_pending_ids
+    for max_ids in (1, 300, 512, 16384):
+        seen = []
+
+        def recording(ids, src, sampled):
+            seen.append(ids.shape[0])
+            real(ids, src, sampled)
+            assert not ids.any()  # every source is -1: nothing pending
+
+        monkeypatch.setattr(tokens, "fill_pending_ids", recording)
+        tokens.compile_fill_pending_ids(max_ids, torch.arange(1, 9, device=DEVICE))
+        assert max(seen) <= max_ids and len(seen) == len(set(map(tokens.fill_block, seen)))
+        assert set(map(tokens.fill_block, seen)) == {tokens.fill_block(n) for n in range(1, max_ids + 1)}
+
+
 @pytest.mark.parametrize("dtype", [F32, F16])
 @pytest.mark.parametrize("n,k,config,rows", [
     (37, 100, None, 1),  # neither size a multiple of a tile

@@ -112,8 +112,30 @@ def fill_pending_ids(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled
     n = input_ids.shape[0]
     assert pending_src.shape == (n,) and input_ids.dtype == sampled.dtype == torch.int64
     if n:
-        block = min(1024, triton.next_power_of_2(n))
+        block = fill_block(n)
         _fill_pending_kernel[(triton.cdiv(n, block),)](input_ids, pending_src, sampled, n, BLOCK=block)
+
+
+FILL_MAX_BLOCK = 1024
+
+
+def fill_block(n: int) -> int:
+    """The ids one program of `fill_pending_ids` takes for a call of n ids (a compiled variant each)."""
+    return min(FILL_MAX_BLOCK, triton.next_power_of_2(n))
+
+
+def compile_fill_pending_ids(max_ids: int, sampled: torch.Tensor) -> None:
+    """Run `fill_pending_ids` once at every block size a call of at most `max_ids` ids takes (filling
+    nothing), so that no step compiles or loads a variant while serving. NOTE: the decode graphs capture
+    the sizes of their ladder, but a prefill-sized eager step's 1,024-id block was met only in the first
+    such step (bench/serve.py's `triton_compiles_in_run`, H200, 2026-12-02)."""
+    n = 1
+    while True:
+        ids = torch.zeros(n, dtype=torch.int64, device=sampled.device)
+        fill_pending_ids(ids, torch.full_like(ids, -1), sampled)
+        if n >= min(max_ids, FILL_MAX_BLOCK):  # NOTE: past the largest block, every count takes it
+            return
+        n = min(2 * n, max_ids)
 
 
 def fill_pending_ids_ref(input_ids: torch.Tensor, pending_src: torch.Tensor, sampled: torch.Tensor) -> None:
