@@ -335,6 +335,13 @@ case $part in
     for v in head ${AB:-}; do for shape in ${ATT_SHAPES:-llama3-8b llama2-7b}; do
       PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run attention_splits_${shape}_$v 300 $PY bench/decode_attention.py --shape $shape --seqs "" --orders longest_first --ragged ${RAGGED:-320,256,192,128,64,32,16,8} --out "$out/attention_splits_${shape}_$v.json"; done; done
     ;;
+  offline_env_ab)
+    # issue 5: Llama-3-8B offline runs of the tree plain and with ENV (default CUDA_MODULE_LOADING=EAGER: every
+    # kernel loaded at start-up, so none waits for the device at its first launch), order plain, env, env,
+    # plain; compare `host.longest` (the last prefill-heavy step's `forward`) and the GPU timeline
+    n=0; for v in plain env env plain; do n=$((n + 1))
+      PY="$([ $v = env ] && echo "env ${ENV:-CUDA_MODULE_LOADING=EAGER} ")$PY" offline_variant $n $v 32 "$PYTHONPATH"; done
+    ;;
   prefill_attention)
     # issue 5: prefill attention alone on the offline workload's first steps, against one long prompt and
     # torch's flash SDPA (bench/prefill_attention.py)
