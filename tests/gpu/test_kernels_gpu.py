@@ -147,13 +147,10 @@ def _compiled_variants(kernel) -> int:
     return len(kernel.device_caches[torch.cuda.current_device()][0])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
-                    reason="the tensor-memory accelerator needs compute capability 9+")
-def test_a_steps_token_count_compiles_no_new_kernel_variant():
-    """The kernels of every step whose integer arguments are the step's sizes (the eager path's SwiGLU GEMM,
-    the pending input ids) compile once, whatever the count: Triton specialises integers divisible by 16,
-    and a second variant compiled inside a served step (0.4 s on a cold H200, 2026-12-02)."""
-    from bento_pagedllm.kernels import swiglu_gemm as sg
+def test_a_steps_id_count_compiles_no_new_pending_fill_variant():
+    """The pending-ids fill, whose id count is the step's size, compiles once per block size whatever the
+    count: Triton specialises integers divisible by 16, and a second variant compiled inside a served step
+    (0.4 s on a cold H200 for the SwiGLU GEMM below, 2026-12-02)."""
     from bento_pagedllm.kernels import tokens
 
     sampled = torch.arange(8, device="cuda")
@@ -163,6 +160,15 @@ def test_a_steps_token_count_compiles_no_new_kernel_variant():
         if n == 1008:
             variants = _compiled_variants(tokens._fill_pending_kernel)
     assert _compiled_variants(tokens._fill_pending_kernel) == variants
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
+                    reason="the tensor-memory accelerator needs compute capability 9+")
+def test_a_steps_token_count_compiles_no_new_swiglu_gemm_variant():
+    """The eager path's SwiGLU GEMM, whose row count is the step's size, compiles once whatever the count
+    (see the test above)."""
+    from bento_pagedllm.kernels import swiglu_gemm as sg
+
     weight = sg.interleave_gate_up(torch.randn(2 * 1024, 512, device="cuda", dtype=BF16), sg.INTERLEAVE)
     for rows in (4096, 4100, 4113):
         sg.swiglu_gemm(torch.randn(rows, 512, device="cuda", dtype=BF16), weight, sg.INTERLEAVE)
