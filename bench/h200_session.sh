@@ -335,6 +335,14 @@ case $part in
     for v in head ${AB:-}; do for shape in ${ATT_SHAPES:-llama3-8b llama2-7b}; do
       PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run attention_splits_${shape}_$v 300 $PY bench/decode_attention.py --shape $shape --seqs "" --orders longest_first --ragged ${RAGGED:-320,256,192,128,64,32,16,8} --out "$out/attention_splits_${shape}_$v.json"; done; done
     ;;
+  decode_steps_ab)
+    # issues 4 and 5: decode graph steps alone (bench/mixed_step.py: device time of a replay, CONTEXT tokens a
+    # sequence, default 600) for STEP_SHAPES (default Llama-3-8B) at STEP_BATCHES, from HEAD and from each
+    # export of AB (ab/NAME first on PYTHONPATH), in the order given and then reversed (ONCE=1: head, AB, head)
+    order="head ${AB:-} $([ -n "${ONCE:-}" ] || echo ${AB:-} | tr ' ' '\n' | tac | tr '\n' ' ') head"
+    n=0; for v in $order; do n=$((n + 1)); for shape in ${STEP_SHAPES:-llama3-8b}; do
+      PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run step_${shape}_${n}_$v 150 $PY bench/mixed_step.py --shape $shape --batches ${STEP_BATCHES:-1,4,8,16,32,48,64,128,256,512} --prompts 0 --context ${CONTEXT:-600} --max-batch 512 --runs 20 --out "$out/step_${shape}_${n}_$v.json"; done; done
+    ;;
   offline_env_ab)
     # issue 5: Llama-3-8B offline runs of the tree plain and with ENV (default CUDA_MODULE_LOADING=EAGER: every
     # kernel loaded at start-up, so none waits for the device at its first launch), order plain, env, env,

@@ -133,7 +133,7 @@ def run_offline(args, requests) -> dict:
         engine.add_request(str(r["id"]), r["prompt_ids"], SamplingParams(max_tokens=r["max_tokens"],
                                                                           temperature=0.0, ignore_eos=True))
         records[str(r["id"])] = {"ok": False, "start": start, "tokens": [], "prompt_len": len(r["prompt_ids"])}
-    host = HostClock()
+    host = HostClock(gc_debug=args.gc_debug)
     for owner, method, label in [(engine, "_read_step", "read"), (engine.runner, "collect", "wait"),
                                  (engine.scheduler, "schedule", "schedule"), (engine.runner, "prepare", "prepare"),
                                  (engine.runner, "launch", "launch"), (engine.runner.model, "forward", "forward"),
@@ -181,6 +181,14 @@ def run_offline(args, requests) -> dict:
 _ABSENT = object()
 
 
+def _type_counts(objects, top: int = 12) -> dict[str, int]:
+    """The most common types among `objects` (module.qualname: count)."""
+    import collections
+
+    counts = collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in objects)
+    return dict(counts.most_common(top))
+
+
 class HostClock:
     """The host's side of the offline loop: how long each iteration (engine.step() and reading its outputs)
     took, and the garbage collector's passes in it. Beside `gpu_timeline.longest_idle_gaps` (the same
@@ -190,7 +198,7 @@ class HostClock:
     CUDA allocator took or gave back memory in them (`reserved_mb`: a cudaMalloc or a cudaFree, which may
     synchronise the device)."""
 
-    def __init__(self) -> None:
+    def __init__(self, gc_debug: bool = False) -> None:
         self.iterations_ms: list[float] = []
         self.phases: list[dict[str, float]] = []
         self.reserved_mb: list[float] = []
@@ -200,6 +208,8 @@ class HostClock:
         self._reserved = self._reserved_mb()
         self.gc_count, self.gc_ms, self.gc_longest_ms = [0, 0, 0], [0.0, 0.0, 0.0], 0.0
         self._gc_start = 0.0
+        # `gc_debug`: each pass's objects by type, and the cyclic garbage the passes found (the run slows)
+        self.gc_debug, self.gc_passes, self.gc_garbage = gc_debug, [], None
 
     @staticmethod
     def _reserved_mb() -> float:
@@ -226,6 +236,11 @@ class HostClock:
 
     def _on_gc(self, phase: str, info: dict) -> None:
         if phase == "start":
+            if self.gc_debug:  # what the pass is about to traverse, by type (before the clock starts)
+                objects = gc.get_objects(info["generation"])
+                self.gc_passes.append({"step": len(self.iterations_ms), "generation": info["generation"],
+                                       "objects": len(objects), "types": _type_counts(objects)})
+                del objects
             self._gc_start = time.perf_counter()
             return
         ms = (time.perf_counter() - self._gc_start) * 1e3
@@ -233,13 +248,22 @@ class HostClock:
         self.gc_count[generation] += 1
         self.gc_ms[generation] += ms
         self.gc_longest_ms = max(self.gc_longest_ms, ms)
+        if self.gc_debug:
+            self.gc_passes[-1].update(ms=round(ms, 3), collected=info["collected"])
 
     def __enter__(self) -> "HostClock":
         gc.callbacks.append(self._on_gc)
+        if self.gc_debug:  # NOTE: the collector keeps what it finds unreachable in gc.garbage, to count it
+            self._gc_flags = gc.get_debug()
+            gc.set_debug(self._gc_flags | gc.DEBUG_SAVEALL)
         return self
 
     def __exit__(self, *exc) -> None:
         gc.callbacks.remove(self._on_gc)
+        if self.gc_debug:
+            gc.set_debug(self._gc_flags)
+            self.gc_garbage = {"objects": len(gc.garbage), "types": _type_counts(gc.garbage)}
+            gc.garbage.clear()
         for owner, method, own in reversed(self._watched):
             if own is _ABSENT:
                 delattr(owner, method)  # the class's method shows through again
@@ -272,7 +296,8 @@ class HostClock:
                                      for label in sorted({k for p in self.phases for k in p})},
                 "reserved_changes": [{"step": i, "mb": round(mb, 1)} for i, mb in enumerate(self.reserved_mb) if mb],
                 "gc_collections": self.gc_count, "gc_ms": [round(v, 2) for v in self.gc_ms],
-                "gc_longest_ms": round(self.gc_longest_ms, 3), "by_seqs": self.by_seqs()}
+                "gc_longest_ms": round(self.gc_longest_ms, 3), "by_seqs": self.by_seqs(),
+                **({"gc_passes": self.gc_passes, "gc_garbage": self.gc_garbage} if self.gc_debug else {})}
 
     # NOTE: time in these phases is the model's or the device's, not the host's own work ("sample" is
     # watched on the CPU only)
@@ -554,6 +579,8 @@ def main() -> None:
     parser.add_argument("--url", default="http://127.0.0.1:3000")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="served model name (online)")
     parser.add_argument("--api-key", default=None)
+    parser.add_argument("--gc-debug", action="store_true",
+                        help="offline: each garbage-collector pass's objects by type, and the cyclic garbage found")
     parser.add_argument("--profile", default=None, help="offline: write a table of the device's kernels over the run here")
     parser.add_argument("--profile-window", action="append", default=[], metavar="START:COUNT",
                         help="with --profile: a table for these steps alone (repeatable)")

@@ -55,6 +55,33 @@ def test_the_host_clock_orders_its_longest_iterations_and_counts_collections():
     assert summary["gc_collections"][2] == 1 and summary["gc_longest_ms"] >= 0
 
 
+class _Cyclic:
+    """An object in a reference cycle with itself: only the collector frees it."""
+
+    def __init__(self):
+        self.me = self
+
+
+def test_the_host_clock_names_what_each_collection_traverses_and_the_cyclic_garbage_with_gc_debug():
+    serve = _load("serve")
+    clock = serve.HostClock(gc_debug=True)
+    flags = gc.get_debug()
+    gc.collect(0)  # NOTE: an empty young generation: no automatic pass inside the clock
+    with clock:
+        clock.iterations_ms += [1.0, 2.0]
+        for _ in range(3):
+            _Cyclic()
+        gc.collect(0)
+    assert gc.get_debug() == flags and gc.garbage == []  # the collector's flags and list are as they were
+    summary = clock.summary()
+    name = f"{__name__}._Cyclic"
+    (collection,) = summary["gc_passes"]
+    assert collection["step"] == 2 and collection["generation"] == 0 and collection["ms"] >= 0
+    assert collection["types"][name] == 3 and collection["objects"] >= 3 and collection["collected"] >= 3
+    assert summary["gc_garbage"]["types"][name] == 3
+    assert "gc_passes" not in serve.HostClock().summary()  # off by default
+
+
 def test_the_host_clock_times_watched_methods_per_iteration():
     serve = _load("serve")
 
