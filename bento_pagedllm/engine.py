@@ -74,6 +74,12 @@ def build_model(configs: EngineConfigs, source: ModelSource | None,
 # tokenizer) kept the device idle 7% of an offline run, between steps (Llama-3-8B shape, 500 requests,
 # 46 req/s); with the collector off, 2% and 49 req/s (bench/results/h200-2026-12-01i/run7_gc_off).
 GC_YOUNG_THRESHOLD = 20_000
+# NOTE: and the passes come between steps, at GC_STEP_YOUNG young objects. A CUDA decode step leaves ~125
+# tuples and a closure or two in reference cycles (their source not pinned down; the CPU path leaves
+# almost none), so at GC_YOUNG_THRESHOLD the collector's own young passes, every ~150 steps, took 3-8 ms
+# over ~20,000 objects wherever an allocation triggered them, and the device sat idle 3-6 ms behind
+# five of the seven (bench/results/h200-2026-12-02g/run3: `bench/serve.py --gc-debug`, Llama-3-8B offline)
+GC_STEP_YOUNG = 2_000
 
 
 def quiet_garbage_collector() -> None:
@@ -83,6 +89,19 @@ def quiet_garbage_collector() -> None:
     gc.freeze()
     young, *older = gc.get_threshold()
     gc.set_threshold(max(young, GC_YOUNG_THRESHOLD), *older)
+
+
+def collect_garbage_between_steps() -> None:
+    """With `quiet_garbage_collector`: a collector pass once GC_STEP_YOUNG young objects are tracked, of the
+    oldest generation due as the collector would choose it, called where a pass costs the device nothing
+    (a step just launched, the one before it maybe still running: the host has about a step's time).
+
+    NOTE: these passes keep the young count under the collector's own threshold, so it would never pass
+    by itself (nor over the older generations, whose counts grow with these passes): hence the choice of
+    generation here."""
+    counts, thresholds = gc.get_count(), gc.get_threshold()
+    if counts[0] >= GC_STEP_YOUNG:
+        gc.collect(2 if counts[2] >= thresholds[2] else 1 if counts[1] >= thresholds[1] else 0)
 
 
 class LLMEngine:
@@ -218,6 +237,8 @@ class LLMEngine:
                     self.shutdown()
                 raise
             self.scheduler.update_computed(plan)
+            if self.configs.quiet_gc:
+                collect_garbage_between_steps()
         if in_flight is not None:
             outputs += self._read_step(in_flight)
         if launched is not None:

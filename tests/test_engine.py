@@ -163,6 +163,68 @@ def test_min_tokens_defers_eos(smol):
     assert longer.token_ids[: len(short.token_ids) - 1] == short.token_ids[:-1]  # same until eos was due
 
 
+def test_garbage_is_collected_between_steps_from_a_few_young_objects(monkeypatch):
+    """engine.collect_garbage_between_steps: no pass under GC_STEP_YOUNG young objects; from there a pass of
+    the oldest generation due, as the collector would choose it (its own threshold is never reached)."""
+    import gc
+
+    from bento_pagedllm import engine
+
+    passes = []
+
+    def record(phase, info):
+        if phase == "start":
+            passes.append(info["generation"])
+
+    thresholds = gc.get_threshold()
+    gc.collect()
+    gc.callbacks.append(record)
+    try:
+        gc.set_threshold(1_000_000, 3, 1_000_000)  # NOTE: no automatic pass during the test
+        monkeypatch.setattr(engine, "GC_STEP_YOUNG", 100)
+        engine.collect_garbage_between_steps()
+        assert passes == []  # a handful of young objects
+        kept = [[] for _ in range(200)]
+        engine.collect_garbage_between_steps()
+        assert passes == [0] and gc.get_count()[0] < 100
+        for _ in range(2):
+            kept += [[] for _ in range(200)]
+            engine.collect_garbage_between_steps()
+        assert passes == [0, 0, 0]
+        kept += [[] for _ in range(200)]
+        engine.collect_garbage_between_steps()  # three young passes made the middle generation due
+        assert passes == [0, 0, 0, 1]
+        del kept
+    finally:
+        gc.callbacks.remove(record)
+        gc.set_threshold(*thresholds)
+
+
+def test_a_quiet_gc_engine_collects_between_steps_only(tiny_llama3_dir, monkeypatch):
+    """With quiet_gc every step with work calls collect_garbage_between_steps once, after its launch."""
+    import gc
+
+    from bento_pagedllm import engine
+
+    calls = []
+    monkeypatch.setattr(engine, "collect_garbage_between_steps", lambda: calls.append(1))
+    thresholds = gc.get_threshold()
+    try:
+        llm = LLM(tiny_llama3_dir, num_kv_blocks=64, quiet_gc=True)
+        steps = []
+        monkeypatch.setattr(llm.engine.scheduler, "update_computed",
+                            lambda plan, inner=llm.engine.scheduler.update_computed: (steps.append(plan), inner(plan)))
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        assert len(calls) == len(steps) > 0
+        llm.engine.shutdown()
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+    calls.clear()
+    LLM(tiny_llama3_dir, num_kv_blocks=64).generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0.0))
+    assert calls == []  # the default (quiet_gc off): the collector's own schedule
+
+
 def test_quiet_gc_freezes_the_startup_heap_until_shutdown(tiny_llama3_dir):
     """EngineArgs.quiet_gc (the engine process sets it): the heap built at start-up is frozen and young
     objects are collected less often; shutdown makes the frozen objects collectable again."""
