@@ -193,20 +193,24 @@ def _tile_configs() -> list[triton.Config]:
     `_row_configs`, those that won somewhere (16-row tiles and 4-warp 128 x 128 tiles never did); 32 x 512
     in 2 warps and 4 stages and 64 x 256 in 4 stages were the best at 16 rows for o, down and Llama-3-8B's
     q/k/v in `bench/gemv.py --sweep` (11.2-30.5 us against 12.2-31.7 for the autotuner's choice without
-    them, H200, 2026-12-02)."""
-    shapes = [(32, 256, 4, 4), (32, 512, 4, 3), (32, 512, 2, 4), (64, 64, 4, 6), (64, 128, 4, 6), (64, 256, 4, 3),
+    them, H200, 2026-12-02). NOTE: 32 x 256 in 4 warps and 4 stages is left out: never the best in the
+    in-graph sweeps at 16 or 32 rows (2nd to 24th), the autotuner's short timings picked it for o in some
+    processes, and those processes' decode steps of 2-32 sequences took ~0.2 ms more (Llama-3-8B offline,
+    bench/results/h200-2026-12-02g run 4)."""
+    shapes = [(32, 512, 4, 3), (32, 512, 2, 4), (64, 64, 4, 6), (64, 128, 4, 6), (64, 256, 4, 3),
               (64, 256, 4, 4), (64, 256, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s) for n, k, w, s in shapes]
 
 
-# NOTE: the 32-row tile tries half the tile configurations: each one costs every projection a compile and a
-# timing at a cold start, and the 32-row tiles' full set made a Llama-2-7B cold start 6-10 s slower (H200,
-# 2026-12-01). These four are the most frequent winners at 32 rows over the Llama-2-7B and Llama-3-8B
-# projections in bench/results/h200-2026-12-01j (small row blocks for N = 4,096, big ones for gate/up and
-# the LM head), and 64 x 256 in 3 stages: Llama-3-8B's q/k/v at 32 rows in 18.7 us against 26.2 for the
-# autotuner's choice among the other four (`bench/gemv.py --sweep --rows 32`, h200-2026-12-02d run 3; with
-# the norm in the prologue, narrow row blocks recompute it for more programs: 32 x 256 took 57 us).
-TILE_32_SHAPES = {(32, 256, 4, 4), (64, 128, 4, 6), (64, 256, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3)}
+# NOTE: the 32-row tile tries under half the tile configurations: each one costs every projection a compile
+# and a timing at a cold start, and the 32-row tiles' full set made a Llama-2-7B cold start 6-10 s slower
+# (H200, 2026-12-01). These are among the most frequent winners at 32 rows over the Llama-2-7B and
+# Llama-3-8B projections in bench/results/h200-2026-12-01j (small row blocks for N = 4,096, big ones for
+# gate/up and the LM head), and 64 x 256 in 3 stages: Llama-3-8B's q/k/v at 32 rows in 18.7 us against 26.2
+# for the autotuner's choice among the others (`bench/gemv.py --sweep --rows 32`, h200-2026-12-02d run 3;
+# with the norm in the prologue, narrow row blocks recompute it for more programs: 32 x 256 took 57 us).
+# 32 x 256 in 4 stages is no longer among them (`_tile_configs`).
+TILE_32_SHAPES = {(64, 128, 4, 6), (64, 256, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3)}
 
 
 def _prune(configs, named_args, **kwargs):
