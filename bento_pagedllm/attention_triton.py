@@ -39,7 +39,8 @@ class TritonAttentionBackend(AttentionBackend):
     def forward_new_tokens(self, q, k, v, kv_cache, meta, scale, ops, rotary_context):
         """A single sequence's decode step: the decode kernel does the rotary embedding and the cache write
         itself (one launch, no kernel boundary between). NOTE: only for one sequence: batches ran slower
-        fused than through the rotary kernel and attention (kernels/paged_decode.py has the figures)."""
+        fused than through the rotary kernel and attention, and no faster with the fused kernel's registers
+        capped (kernels/paged_decode.py has the figures)."""
         if not (meta.num_seqs == 1 and len(meta.decode_indices_host) == 1):
             return super().forward_new_tokens(q, k, v, kv_cache, meta, scale, ops, rotary_context)
         _, cos, sin = rotary_context  # NOTE: TritonOps' context: positions (seq_len - 1 here), tables

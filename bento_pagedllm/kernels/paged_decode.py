@@ -27,9 +27,11 @@ occupancy (tuned for an H200: bf16, head_dim 128, block size 16, GQA 4):
   a layer; and, for a single sequence, each program reads its first tile of cached keys before it waits
   for the projection ahead (dependent launch: nothing the step writes is in it). Measured on an H200
   (Llama-2-7B decode step, 600-token contexts): one sequence 3.93 -> 3.81 ms; but batches ran slower
-  (16 sequences 5.27 -> 5.68 ms, 256: 25.2 -> 27.2) for reasons not found (neither the early tile nor FP
-  fusion), so the attention backend fuses single-sequence steps only. Without `NewKV` the new key is the
-  cache's, read with its tile.
+  (16 sequences 5.27 -> 5.68 ms, 256: 25.2 -> 27.2). The likely cause, found later: the fused variants
+  take 136-140 registers a thread against 128 (Triton 3.6, sm_90), so 3 programs of 4 warps share a
+  multiprocessor instead of 4; capped at 128 (`maxnreg`), fused batches ran as fast as the rotary kernel
+  and this one, not faster (Llama-3-8B, h200-2026-12-02g run 2). So the attention backend fuses
+  single-sequence steps only. Without `NewKV` the new key is the cache's, read with its tile.
 """
 
 from __future__ import annotations
