@@ -189,6 +189,36 @@ def _type_counts(objects, top: int = 12) -> dict[str, int]:
     return dict(counts.most_common(top))
 
 
+def _function_sites(objects, top: int = 8) -> dict[str, int]:
+    """Where the functions among `objects` were defined (file:line qualname: count): the code that made
+    the closures found in reference cycles."""
+    import collections
+    import types
+
+    counts = collections.Counter(f"{o.__code__.co_filename}:{o.__code__.co_firstlineno} {o.__qualname__}"
+                                 for o in objects if isinstance(o, types.FunctionType))
+    return dict(counts.most_common(top))
+
+
+def _tuple_shapes(objects, top: int = 8) -> dict[str, int]:
+    """The tuples among `objects` by their elements' types (the first four): what made them shows in
+    what they hold."""
+    import collections
+
+    def shape(t: tuple) -> str:
+        return "(" + ", ".join(type(x).__name__ for x in t[:4]) + (", ..." if len(t) > 4 else "") + ")"
+
+    return dict(collections.Counter(shape(o) for o in objects if type(o) is tuple).most_common(top))
+
+
+def _samples(objects, kind: type, count: int = 6, width: int = 160) -> list[str]:
+    """The reprs of a few of the `kind` objects among `objects`, cut at `width` characters (spread over the
+    list: the garbage of the whole run, in the order the passes found it)."""
+    chosen = [o for o in objects if type(o) is kind]
+    step = max(1, len(chosen) // count)
+    return [repr(o)[:width] for o in chosen[::step][:count]]
+
+
 class HostClock:
     """The host's side of the offline loop: how long each iteration (engine.step() and reading its outputs)
     took, and the garbage collector's passes in it. Beside `gpu_timeline.longest_idle_gaps` (the same
@@ -262,7 +292,9 @@ class HostClock:
         gc.callbacks.remove(self._on_gc)
         if self.gc_debug:
             gc.set_debug(self._gc_flags)
-            self.gc_garbage = {"objects": len(gc.garbage), "types": _type_counts(gc.garbage)}
+            self.gc_garbage = {"objects": len(gc.garbage), "types": _type_counts(gc.garbage),
+                               "functions": _function_sites(gc.garbage), "tuples": _samples(gc.garbage, tuple),
+                               "tuple_shapes": _tuple_shapes(gc.garbage)}
             gc.garbage.clear()
         for owner, method, own in reversed(self._watched):
             if own is _ABSENT:

@@ -62,6 +62,12 @@ class _Cyclic:
         self.me = self
 
 
+def _cyclic_closure() -> None:
+    """Makes a closure that refers to itself (function -> cell -> function) and drops it."""
+    def closure():
+        return closure
+
+
 def test_the_host_clock_names_what_each_collection_traverses_and_the_cyclic_garbage_with_gc_debug():
     serve = _load("serve")
     clock = serve.HostClock(gc_debug=True)
@@ -71,6 +77,10 @@ def test_the_host_clock_names_what_each_collection_traverses_and_the_cyclic_garb
         clock.iterations_ms += [1.0, 2.0]
         for _ in range(3):
             _Cyclic()
+        _cyclic_closure()
+        looped = ([],)
+        looped[0].append(looped)  # a tuple in a cycle through its list
+        del looped
         gc.collect(0)
     assert gc.get_debug() == flags and gc.garbage == []  # the collector's flags and list are as they were
     summary = clock.summary()
@@ -79,6 +89,10 @@ def test_the_host_clock_names_what_each_collection_traverses_and_the_cyclic_garb
     assert collection["step"] == 2 and collection["generation"] == 0 and collection["ms"] >= 0
     assert collection["types"][name] == 3 and collection["objects"] >= 3 and collection["collected"] >= 3
     assert summary["gc_garbage"]["types"][name] == 3
+    (site, count), = summary["gc_garbage"]["functions"].items()
+    assert site.endswith("_cyclic_closure.<locals>.closure") and count == 1
+    assert "([(...)],)" in summary["gc_garbage"]["tuples"]  # (with the closure's tuple of cells)
+    assert summary["gc_garbage"]["tuple_shapes"] == {"(list)": 1, "(cell)": 1}
     assert "gc_passes" not in serve.HostClock().summary()  # off by default
 
 
