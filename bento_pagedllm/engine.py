@@ -92,16 +92,21 @@ def quiet_garbage_collector() -> None:
 
 
 def collect_garbage_between_steps() -> None:
-    """With `quiet_garbage_collector`: a collector pass once GC_STEP_YOUNG young objects are tracked, of the
-    oldest generation due as the collector would choose it, called where a pass costs the device nothing
-    (a step just launched, the one before it maybe still running: the host has about a step's time).
+    """With `quiet_garbage_collector`: a collector pass once GC_STEP_YOUNG young objects are tracked, called
+    where a pass costs the device nothing (a step just launched, the one before it maybe still running:
+    the host has about a step's time), of the oldest generation due.
 
     NOTE: these passes keep the young count under the collector's own threshold, so it would never pass
-    by itself (nor over the older generations, whose counts grow with these passes): hence the choice of
-    generation here."""
+    by itself, nor over the older generations: they are chosen here on the collector's schedule at that
+    threshold, by volume. A young pass comes every GC_STEP_YOUNG objects instead of every
+    GC_YOUNG_THRESHOLD, so the middle generation is due after that many times more young passes; the
+    oldest, as in the collector, after its threshold of middle ones (the collector may also skip it while
+    the heap grew by less than a quarter since its last full pass; that test is not public)."""
     counts, thresholds = gc.get_count(), gc.get_threshold()
-    if counts[0] >= GC_STEP_YOUNG:
-        gc.collect(2 if counts[2] >= thresholds[2] else 1 if counts[1] >= thresholds[1] else 0)
+    if counts[0] < GC_STEP_YOUNG:
+        return
+    young_passes_per_middle = thresholds[1] * max(1, thresholds[0] // GC_STEP_YOUNG)
+    gc.collect(2 if counts[2] >= thresholds[2] else 1 if counts[1] >= young_passes_per_middle else 0)
 
 
 class LLMEngine:

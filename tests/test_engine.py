@@ -165,7 +165,8 @@ def test_min_tokens_defers_eos(smol):
 
 def test_garbage_is_collected_between_steps_from_a_few_young_objects(monkeypatch):
     """engine.collect_garbage_between_steps: no pass under GC_STEP_YOUNG young objects; from there a pass of
-    the oldest generation due, as the collector would choose it (its own threshold is never reached)."""
+    the oldest generation due on the collector's own schedule by volume (it never reaches its threshold):
+    young passes GC_YOUNG_THRESHOLD / GC_STEP_YOUNG times as often, so as many more per middle pass."""
     import gc
 
     from bento_pagedllm import engine
@@ -180,20 +181,21 @@ def test_garbage_is_collected_between_steps_from_a_few_young_objects(monkeypatch
     gc.collect()
     gc.callbacks.append(record)
     try:
-        gc.set_threshold(1_000_000, 3, 1_000_000)  # NOTE: no automatic pass during the test
-        monkeypatch.setattr(engine, "GC_STEP_YOUNG", 100)
+        # NOTE: 15,000 young objects at a time stay well under the collector's own threshold (no automatic pass)
+        gc.set_threshold(20_000, 3, 1_000_000)
+        monkeypatch.setattr(engine, "GC_STEP_YOUNG", 10_000)  # so 2 x 3 young passes make a middle one due
         engine.collect_garbage_between_steps()
         assert passes == []  # a handful of young objects
-        kept = [[] for _ in range(200)]
+        kept = [[] for _ in range(15_000)]
         engine.collect_garbage_between_steps()
         assert passes == [0] and gc.get_count()[0] < 100
-        for _ in range(2):
-            kept += [[] for _ in range(200)]
+        for _ in range(5):
+            kept += [[] for _ in range(15_000)]
             engine.collect_garbage_between_steps()
-        assert passes == [0, 0, 0]
-        kept += [[] for _ in range(200)]
-        engine.collect_garbage_between_steps()  # three young passes made the middle generation due
-        assert passes == [0, 0, 0, 1]
+        assert passes == [0] * 6
+        kept += [[] for _ in range(15_000)]
+        engine.collect_garbage_between_steps()  # six young passes made the middle generation due
+        assert passes == [0] * 6 + [1]
         del kept
     finally:
         gc.callbacks.remove(record)
