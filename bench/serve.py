@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import datetime
 import gc
 import json
@@ -24,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling bench modules
 
@@ -183,8 +185,6 @@ _ABSENT = object()
 
 def _type_counts(objects, top: int = 12) -> dict[str, int]:
     """The most common types among `objects` (module.qualname: count)."""
-    import collections
-
     counts = collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in objects)
     return dict(counts.most_common(top))
 
@@ -192,9 +192,6 @@ def _type_counts(objects, top: int = 12) -> dict[str, int]:
 def _function_sites(objects, top: int = 8) -> dict[str, int]:
     """Where the functions among `objects` were defined (file:line qualname: count): the code that made
     the closures found in reference cycles."""
-    import collections
-    import types
-
     counts = collections.Counter(f"{o.__code__.co_filename}:{o.__code__.co_firstlineno} {o.__qualname__}"
                                  for o in objects if isinstance(o, types.FunctionType))
     return dict(counts.most_common(top))
@@ -203,8 +200,6 @@ def _function_sites(objects, top: int = 8) -> dict[str, int]:
 def _tuple_shapes(objects, top: int = 8) -> dict[str, int]:
     """The tuples among `objects` by their elements' types (the first four): what made them shows in
     what they hold."""
-    import collections
-
     def shape(t: tuple) -> str:
         return "(" + ", ".join(type(x).__name__ for x in t[:4]) + (", ..." if len(t) > 4 else "") + ")"
 

@@ -102,9 +102,10 @@ def collect_garbage_between_steps() -> None:
     GC_YOUNG_THRESHOLD, so the middle generation is due after that many times more young passes; the
     oldest, as in the collector, after its threshold of middle ones (the collector may also skip it while
     the heap grew by less than a quarter since its last full pass; that test is not public)."""
-    counts, thresholds = gc.get_count(), gc.get_threshold()
-    if counts[0] < GC_STEP_YOUNG:
+    counts = gc.get_count()
+    if counts[0] < GC_STEP_YOUNG:  # NOTE: every step comes here: nothing more until a pass is due
         return
+    thresholds = gc.get_threshold()
     young_passes_per_middle = thresholds[1] * max(1, thresholds[0] // GC_STEP_YOUNG)
     gc.collect(2 if counts[2] >= thresholds[2] else 1 if counts[1] >= young_passes_per_middle else 0)
 
