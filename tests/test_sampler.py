@@ -57,6 +57,13 @@ def test_top_k_one_equals_greedy(logits):
     assert torch.equal(out.token_ids, logits.argmax(-1))
 
 
+def test_a_top_k_beyond_the_vocabulary_restricts_nothing(logits):
+    """Any integer is a valid top_k (the API bounds it below only), 2**63 included: it draws as no top_k does."""
+    seeds = [mix_seed(s, 0) for s in range(4)]
+    huge = draw(logits, [SamplingParams(temperature=1.0, top_k=2**63)] * 4, seeds=seeds).token_ids
+    assert torch.equal(huge, draw(logits, [SamplingParams(temperature=1.0)] * 4, seeds=seeds).token_ids)
+
+
 def test_tiny_top_p_equals_greedy(logits):
     out = draw(logits, [SamplingParams(temperature=1.0, top_p=1e-6)] * 4)
     assert torch.equal(out.token_ids, logits.argmax(-1))
