@@ -240,7 +240,12 @@ class HostClock:
     def _reserved_mb() -> float:
         import torch
 
-        return torch.cuda.memory_reserved() / 2**20 if torch.cuda.is_initialized() else 0.0
+        if not torch.cuda.is_initialized():
+            return 0.0
+        # NOTE: not torch.cuda.memory_reserved(): its memory_stats() flattens the stats through a recursive
+        # closure, a reference cycle with ~120 tuples a call: every iteration of the run left them for the
+        # collector (the cyclic garbage `--gc-debug` found, h200-2026-12-02h run 1)
+        return torch.cuda.memory_stats_as_nested_dict()["reserved_bytes"]["all"]["current"] / 2**20
 
     def watch(self, owner, method: str, label: str | None = None) -> None:
         """Time `owner.method` (an instance's, wrapped on the instance alone; or a module's function) as

@@ -74,11 +74,13 @@ def build_model(configs: EngineConfigs, source: ModelSource | None,
 # tokenizer) kept the device idle 7% of an offline run, between steps (Llama-3-8B shape, 500 requests,
 # 46 req/s); with the collector off, 2% and 49 req/s (bench/results/h200-2026-12-01i/run7_gc_off).
 GC_YOUNG_THRESHOLD = 20_000
-# NOTE: and the passes come between steps, at GC_STEP_YOUNG young objects. A CUDA decode step leaves ~125
-# tuples and a closure or two in reference cycles (their source not pinned down; the CPU path leaves
-# almost none), so at GC_YOUNG_THRESHOLD the collector's own young passes, every ~150 steps, took 3-8 ms
-# over ~20,000 objects wherever an allocation triggered them, and the device sat idle 3-6 ms behind
-# five of the seven (bench/results/h200-2026-12-02g/run3: `bench/serve.py --gc-debug`, Llama-3-8B offline)
+# NOTE: and the passes come between steps, at GC_STEP_YOUNG young objects. At GC_YOUNG_THRESHOLD the
+# collector's own young passes, every ~150 steps of an offline run, took 3-8 ms over ~20,000 objects
+# wherever an allocation triggered them, and the device sat idle 3-6 ms behind five of the seven
+# (bench/results/h200-2026-12-02g/run3, Llama-3-8B offline). The cyclic garbage those passes freed was the
+# benchmark's own: ~120 tuples in a reference cycle a step from its reading of torch.cuda.memory_reserved(), whose
+# memory_stats() flattens through a recursive closure (`bench/serve.py --gc-debug`, h200-2026-12-02h run
+# 1); the engine's own steps leave no cycles, but still thousands of young objects a step at 500 sequences.
 GC_STEP_YOUNG = 2_000
 
 
