@@ -145,6 +145,40 @@ class ModelRunner:
                 device=self.device, sampled=self.sampled_tokens,
             )
             self.mixed_graphs.capture()
+        if self.device.type == "cuda":
+            self.warm_up_eager_step(configs.scheduler.max_num_batched_tokens)
+
+    @torch.inference_mode()
+    def warm_up_eager_step(self, num_tokens: int) -> None:
+        """One eager step of `num_tokens` prompt tokens that writes no cache slot, and its LM head rows.
+
+        Why: the graphs' captures run the decode and small mixed steps' kernels at start-up, but a longer
+        prompt's (prefill attention at its widest tile, the SwiGLU GEMM from 4,096 tokens, cuBLAS at
+        prefill sizes) compiled, tuned or loaded inside the first long request a server met.
+        NOTE: sequences of at most max_model_len tokens (the rotary tables' length), every table row block
+        0 (read only: slot -1 stores nothing), so the cache is left as it was.
+        """
+        max_len = self.configs.scheduler.max_model_len
+        lens = [min(max_len, num_tokens - start) for start in range(0, num_tokens, max_len)]
+        starts = [0]
+        for n in lens:
+            starts.append(starts[-1] + n)
+        device, empty = self.device, torch.empty(0, dtype=torch.int64, device=self.device)
+        meta = AttentionMetadata(
+            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+            block_tables=torch.zeros(len(lens), -(-max(lens) // self.block_size), dtype=torch.int32, device=device),
+            query_lens_host=tuple(lens), seq_lens_host=tuple(lens),
+            decode_indices=empty, decode_token_indices=empty, decode_indices_host=(),
+        )
+        positions = torch.cat([torch.arange(n, device=device) for n in lens])
+        input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+        last = torch.tensor(starts[1:], device=device) - 1  # each sequence's last token: its logit row
+        self.logits(hidden[last], len(lens))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     def release_graphs(self) -> None:
         """Drop the captured graphs (the runner replays no graph afterwards).

@@ -290,3 +290,20 @@ def test_padded_lm_head_rows_change_no_output(tiny_llama3_dir):
         for x, y in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
             assert x.token_id == y.token_id and abs(x.logprob - y.logprob) < 1e-5
             assert [t for t, _ in x.top] == [t for t, _ in y.top]
+
+
+def test_the_eager_warm_up_step_reads_the_cache_and_writes_nothing(tiny_llama3_dir):
+    """ModelRunner.warm_up_eager_step (run at start-up on CUDA): a prefill-sized eager step over sequences of
+    at most max_model_len tokens that leaves the KV cache exactly as it was, and the engine's outputs after
+    it are those of an engine that never ran it."""
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    before = LLM(tiny_llama3_dir, num_kv_blocks=64, max_model_len=128, max_num_batched_tokens=300)
+    expected = before.generate([[5, 6, 7, 8]], params)[0].outputs[0].token_ids
+    llm = LLM(tiny_llama3_dir, num_kv_blocks=64, max_model_len=128, max_num_batched_tokens=300)
+    runner = llm.engine.runner
+    runner.kv_cache.normal_()  # NOTE: any content: the step must neither change it nor fail on it
+    cache = runner.kv_cache.clone()
+    runner.warm_up_eager_step(300)  # three sequences: 128 + 128 + 44 tokens
+    assert torch.equal(runner.kv_cache, cache)
+    runner.kv_cache.zero_()
+    assert llm.generate([[5, 6, 7, 8]], params)[0].outputs[0].token_ids == expected
