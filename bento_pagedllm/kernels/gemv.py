@@ -196,8 +196,11 @@ def _tile_configs() -> list[triton.Config]:
     them, H200, 2026-12-02). NOTE: 32 x 256 in 4 warps and 4 stages is left out: never the best in the
     in-graph sweeps at 16 or 32 rows (2nd to 24th), the autotuner's short timings picked it for o in some
     processes, and those processes' decode steps of 2-32 sequences took ~0.2 ms more (Llama-3-8B offline,
-    bench/results/h200-2026-12-02g run 4)."""
-    shapes = [(32, 512, 4, 3), (32, 512, 2, 4), (64, 64, 4, 6), (64, 128, 4, 6), (64, 256, 4, 3),
+    bench/results/h200-2026-12-02g run 4). So is 32 x 512 in 4 warps and 3 stages: never the best in-graph
+    (4-7% behind on o and down, 2-3.5x on the projections with a norm), yet chosen for o's 16-row tile in
+    two of four processes of one call, whose 2-16-sequence steps took ~0.1 ms more (4.48 against 4.38 ms;
+    h200-2026-12-02h run 1)."""
+    shapes = [(32, 512, 2, 4), (64, 64, 4, 6), (64, 128, 4, 6), (64, 256, 4, 3),
               (64, 256, 4, 4), (64, 256, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3)]
     return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s) for n, k, w, s in shapes]
 
@@ -215,9 +218,16 @@ TILE_32_SHAPES = {(64, 128, 4, 6), (64, 256, 4, 3), (128, 64, 4, 4), (128, 128, 
 
 def _prune(configs, named_args, **kwargs):
     """Column tiles wider than the row waste their masked lanes: keep those up to the row's width; the
-    32-row tile keeps TILE_32_SHAPES only."""
+    32-row tile keeps TILE_32_SHAPES only; a plain one-row projection (o, down) no blocks of 32 rows of W.
+
+    NOTE: 32 x 256 in 8 warps, the best one-row tile of q/k/v and the LM head (a norm in their prologue),
+    read o and down 1.38x and 1.45x slower than their best in-graph (Llama-2-7B, H200, bench/gemv.py
+    --sweep, h200-2026-12-02d run 2), yet the autotuner chose it for o in 1 process of 32 (~+3% a
+    single-stream step); with double buffering (a plain projection's) each program holds two such tiles."""
     width = max(128, triton.next_power_of_2(named_args["K"]))
     kept = [c for c in configs if c.kwargs["BLOCK_K"] <= width]
+    if kwargs.get("BLOCK_M") == 1 and not kwargs.get("RMS_NORM"):
+        kept = [c for c in kept if c.kwargs["BLOCK_N"] < 32] or kept
     if kwargs.get("BLOCK_M") == 32:
         kept = [c for c in kept if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
                 in TILE_32_SHAPES] or kept
@@ -341,7 +351,7 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, swiglu=False, a
                 if variant(tile_flags) not in _compiled_ahead:
                     _compiled_ahead.add(variant(tile_flags))
                     launches += [{**tile_flags, **c.all_kwargs()}
-                                 for c in _prune(_tuner(tile).configs, {"K": k}, BLOCK_M=tile)]
+                                 for c in _prune(_tuner(tile).configs, {"K": k}, **tile_flags)]
             compile_configs_ahead(_gemv_kernel, launches, args, x.device)
         _tuner(block_m)[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
     else:
