@@ -10,6 +10,7 @@ ranks (distributed/workers.py); every rank runs `launch` on the same inputs, and
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 
@@ -160,25 +161,16 @@ class ModelRunner:
         """
         max_len = self.configs.scheduler.max_model_len
         lens = [min(max_len, num_tokens - start) for start in range(0, num_tokens, max_len)]
-        starts = [0]
-        for n in lens:
-            starts.append(starts[-1] + n)
-        device, empty = self.device, torch.empty(0, dtype=torch.int64, device=self.device)
-        meta = AttentionMetadata(
-            slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=device),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
-            block_tables=torch.zeros(len(lens), -(-max(lens) // self.block_size), dtype=torch.int32, device=device),
-            query_lens_host=tuple(lens), seq_lens_host=tuple(lens),
-            decode_indices=empty, decode_token_indices=empty, decode_indices_host=(),
+        host = HostInputs(  # NOTE: through the eager step's own input path (`_device_inputs`)
+            input_ids=[0] * num_tokens, positions=[p for n in lens for p in range(n)], slots=[-1] * num_tokens,
+            query_lens=lens, seq_lens=list(lens), logits_indices=[end - 1 for end in itertools.accumulate(lens)],
+            tables=[(0,) * -(-n // self.block_size) for n in lens],
         )
-        positions = torch.cat([torch.arange(n, device=device) for n in lens])
-        input_ids = torch.zeros(num_tokens, dtype=torch.int64, device=device)
+        input_ids, positions, meta, logits_indices, _ = self._device_inputs(host, [])
         hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
-        last = torch.tensor(starts[1:], device=device) - 1  # each sequence's last token: its logit row
-        self.logits(hidden[last], len(lens))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        self.logits(hidden[logits_indices], len(lens))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def release_graphs(self) -> None:
         """Drop the captured graphs (the runner replays no graph afterwards).

@@ -93,7 +93,8 @@ class SamplingBatch:
                   eos_token_ids: tuple[int, ...] = ()) -> "SamplingBatch":
         """`eos_token_ids` are banned, with each row's stop_token_ids, until the row has min_tokens."""
         params = [row.params for row in rows]
-        # NOTE: a top_k above the vocabulary restricts nothing (and may not fit an int64: the API bounds it below only)
+        # NOTE: a top_k above the vocabulary restricts nothing (and may not fit an int64: the API bounds
+        # it below only)
         top_k = [min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in params]
         asked = [p.logprobs for p in params if p.logprobs is not None]
         flags = dict(
