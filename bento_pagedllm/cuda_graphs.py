@@ -112,9 +112,14 @@ class _StaticInputs:
     Why one copy: each copy is an operation on the step's stream, and a step had five (plus one for the
     pending ids). Measured on an H200 (BENCHMARKS.md, fourteenth session): offline +0.2-0.4%, single
     stream unchanged within 0.3% (the copy engine's hand-overs, ~7 us each under the profiler, remain).
+    Why on its own stream (CUDA): on the step's stream the copy sat between the step before's last kernel
+    and the graph's first, a hand-over each way; on `stream` it starts once the last graph that read the
+    buffer ended (`released`), while that step's LM head and sampling run, and the next replay only waits
+    for its end (`copied`), long past by then.
     NOTE: the host twin mirrors the device buffer (each upload copies a prefix of the whole twin, so
     sections are written in full, or as rows of the last one, `block_tables`); it is rewritten only after
-    the device has read it for the step before (`copied`).
+    the device has read it for the step before (`copied`); the device buffer only after the graphs that
+    read it were replayed (`released`, which `replayed` records after each replay).
     """
 
     def __init__(self, device: torch.device, **shapes: tuple[tuple[int, ...], int, torch.dtype]) -> None:
@@ -136,6 +141,9 @@ class _StaticInputs:
         self.device_bytes.copy_(self.host_bytes)
         self.copied = torch.cuda.Event()
         self.copied.record()
+        self.released = torch.cuda.Event()
+        self.released.record()
+        self.stream = torch.cuda.Stream(device)
 
     def upload(self, block_tables: list[tuple[int, ...]], **values: list[int]) -> None:
         """section[:len(values)] = values for each named section, block_tables[i, :len(row i)] = row i of
@@ -155,8 +163,15 @@ class _StaticInputs:
         for row, blocks in enumerate(block_tables):
             tables[row, : len(blocks)] = blocks
         end = self.tables_offset + n * self.table_row_bytes
-        self.device_bytes[:end].copy_(self.host_bytes[:end], non_blocking=True)
-        self.copied.record()
+        with torch.cuda.stream(self.stream):
+            self.stream.wait_event(self.released)
+            self.device_bytes[:end].copy_(self.host_bytes[:end], non_blocking=True)
+            self.copied.record(self.stream)
+        torch.cuda.current_stream(self.device_bytes.device).wait_event(self.copied)
+
+    def replayed(self) -> None:
+        """Mark the end of a replay that read the buffer (on the step's stream): the next upload waits for it."""
+        self.released.record()
 
 
 class DecodeGraphs:
@@ -275,6 +290,7 @@ class DecodeGraphs:
                            seq_lens=seq_lens + [1] * pad)
         graph, out = self.graphs[batch, bound]
         graph.replay()
+        self.inputs.replayed()
         return out
 
 
@@ -348,6 +364,7 @@ class MixedGraphs:
         self._fill(input_ids, positions, slot_mapping, query_lens, seq_lens, block_tables, pending_src, pad_to=tokens)
         graph, out = self.graphs[tokens]
         graph.replay()
+        self.inputs.replayed()
         self.replays += 1
         return out[: len(input_ids)]
 

@@ -98,6 +98,10 @@ class ModelRunner:
         # NOTE: every step's sampled ids land here (rows <= max_num_seqs: a request's n choices hold n
         # seats), so the decode graphs, which hold its address, read their pending inputs from it
         self.sampled_tokens = torch.zeros(configs.scheduler.max_num_seqs, dtype=torch.int64, device=self.device)
+        # NOTE: the sampled ids go to the host on a stream of their own (SamplerOutput.copy_to_host says why);
+        # the next sampling, which overwrites `sampled_tokens`, waits for the last copy's end
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._samples_copied: torch.cuda.Event | None = None
         # NOTE: pending inputs always come from the latest launch's samples (the engine reads a step's tokens
         # before it plans the step after next); the graphs fill them inside, an eager step before the model
         from .kernels import tokens
@@ -247,6 +251,8 @@ class ModelRunner:
             if len(rows) != logits.shape[0]:  # forked choices share their prompt's logits row
                 logits = logits[to_device(torch.tensor([r.logits_index for r in rows]), self.device)]
             batch = SamplingBatch.from_rows(rows, self.configs.model.vocab_size, self.device, self.eos_token_ids)
+            if self._samples_copied is not None:
+                torch.cuda.current_stream(self.device).wait_event(self._samples_copied)
             sampled = sample(logits, batch, out=token_ids)
         if self.configs.async_scheduling:
             # NOTE: the next plan's PENDING inputs are these tokens, which only rank 0 sampled: every
@@ -254,7 +260,10 @@ class ModelRunner:
             self.parallel.broadcast_from_driver(token_ids)
         # NOTE: the row of each sequence is read by rank 0's next `prepare` (workers get it from there)
         self._last_sampled_rows = {row.seq_id: i for i, row in enumerate(rows)}
-        return self._launched(plan, sampled.copy_to_host() if sampled is not None else None, started, shape)
+        samples = sampled.copy_to_host(self.copy_stream) if sampled is not None else None
+        if samples is not None and samples.copied is not None:
+            self._samples_copied = samples.copied
+        return self._launched(plan, samples, started, shape)
 
     def logits(self, hidden: torch.Tensor, num_rows: int) -> torch.Tensor | None:
         """The logits of hidden's first `num_rows` rows: [num_rows, vocab] on rank 0, None elsewhere.

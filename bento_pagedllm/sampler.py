@@ -179,15 +179,28 @@ class SamplerOutput:
     top_ids: torch.Tensor | None  # [rows, k]
     top_logprobs: torch.Tensor | None  # [rows, k]
 
-    def copy_to_host(self) -> "HostSamples":
-        """Start the copy to the host without waiting for it (pinned memory, an event marks the end)."""
+    def copy_to_host(self, stream: "torch.cuda.Stream | None" = None) -> "HostSamples":
+        """Start the copy to the host without waiting for it (pinned memory, an event marks the end), on
+        `stream` if given (CUDA), after the work queued so far on the current one.
+
+        Why a stream of its own: on the step's stream the copy sat between the sampling and the next
+        step's first kernel, a hand-over of the copy engine each way. NOTE: `token_ids` may be a buffer
+        the next step's sampling overwrites: that step must wait for `HostSamples.copied` first."""
         tensors = (self.token_ids, self.logprobs, self.top_ids, self.top_logprobs)
         if self.token_ids.device.type != "cuda":  # NOTE: copies: token_ids may be the runner's reused buffer
             return HostSamples(*(None if t is None else t.clone() for t in tensors))
-        host = tuple(None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(
-            t, non_blocking=True) for t in tensors)
-        event = torch.cuda.Event()
-        event.record()
+        current = torch.cuda.current_stream(self.token_ids.device)
+        stream = stream or current
+        if stream != current:
+            stream.wait_stream(current)
+        with torch.cuda.stream(stream):
+            host = tuple(None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(
+                t, non_blocking=True) for t in tensors)
+            for t in tensors:
+                if t is not None:  # NOTE: the allocator must not hand their memory out before the copy read it
+                    t.record_stream(stream)
+            event = torch.cuda.Event()
+            event.record(stream)
         return HostSamples(*host, copied=event)
 
 
