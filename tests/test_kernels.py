@@ -311,6 +311,14 @@ def test_a_projection_compiles_every_row_tile_it_will_use_at_its_first_call(monk
     assert not [c for m in (16, 32) for c in tile_configs[m]
                 if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages) in {(32, 256, 4, 4),
                                                                                              (32, 512, 4, 3)}]
+    # a tile keeps no row blocks that leave fewer than MIN_TILE_PROGRAMS programs, where others remain (o of
+    # Llama-3-8B: N = 4,096, so no 128-row blocks); a small projection (N = 576) keeps every tile
+    for m in (16, 32):
+        o_tiles = gemv._prune(gemv._tile_configs(), {"K": 4096, "N": 4096}, BLOCK_M=m)
+        assert o_tiles and max(c.kwargs["BLOCK_N"] for c in o_tiles) <= 4096 // gemv.MIN_TILE_PROGRAMS
+        assert max(c.kwargs["BLOCK_N"] for c in gemv._prune(gemv._tile_configs(), {"K": 4096, "N": 14336},
+                                                             BLOCK_M=m)) == 128
+        assert gemv._prune(gemv._tile_configs(), {"K": hidden, "N": inter}, BLOCK_M=m) == tile_configs[m]
     assert len(warmups) == len(row_configs) + len(tile_configs[16]) + len(tile_configs[32])  # each once
     # each launch's flags are those its tile's configurations were compiled with
     assert [flags["BLOCK_M"] for flags in launches] == [1, 16, 32, 16]

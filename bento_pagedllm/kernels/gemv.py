@@ -216,9 +216,21 @@ def _tile_configs() -> list[triton.Config]:
 TILE_32_SHAPES = {(64, 128, 4, 6), (64, 256, 4, 3), (128, 64, 4, 4), (128, 128, 8, 3)}
 
 
+# a tile configuration must give at least this many programs (row blocks of W) where some configuration
+# does: fewer leave most of an H200's 132 multiprocessors idle (`_prune`)
+MIN_TILE_PROGRAMS = 64
+
+
 def _prune(configs, named_args, **kwargs):
     """Column tiles wider than the row waste their masked lanes: keep those up to the row's width; the
-    32-row tile keeps TILE_32_SHAPES only; a plain one-row projection (o, down) no blocks of 32 rows of W.
+    32-row tile keeps TILE_32_SHAPES only; a plain one-row projection (o, down) no blocks of 32 rows of W;
+    a tile (2+ rows) no row blocks so tall that fewer than MIN_TILE_PROGRAMS programs remain (given `N`).
+
+    NOTE: o's 32-row tile (N = 4,096) was tuned to 128 x 64 (4 warps, 4 stages) in one process of
+    h200-2026-12-02i run 4: 32 programs for 132 multiprocessors, and its decode steps of 17-32 sequences
+    took 5.39-5.55 ms against 4.93-5.10 in the next process (64 x 128); Llama-3-8B q/k/v's 128 x 128
+    (48 programs) took 26.2 us at 32 rows against 18.7 for 64 x 256 in-graph (h200-2026-12-02d run 3). No
+    such tile was the best in-graph for any projection of N <= 6,144.
 
     NOTE: 32 x 256 in 8 warps, the best one-row tile of q/k/v and the LM head (a norm in their prologue),
     read o and down 1.38x and 1.45x slower than their best in-graph (Llama-2-7B, H200, bench/gemv.py
@@ -231,6 +243,10 @@ def _prune(configs, named_args, **kwargs):
     if kwargs.get("BLOCK_M") == 32:
         kept = [c for c in kept if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
                 in TILE_32_SHAPES] or kept
+    if kwargs.get("BLOCK_M", 1) > 1 and "N" in named_args:
+        programs = {id(c): triton.cdiv(named_args["N"], c.kwargs["BLOCK_N"]) for c in kept}
+        if max(programs.values()) >= MIN_TILE_PROGRAMS:  # NOTE: a small model's projections keep every tile
+            kept = [c for c in kept if programs[id(c)] >= MIN_TILE_PROGRAMS]
     return kept
 
 
@@ -351,7 +367,7 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, swiglu=False, a
                 if variant(tile_flags) not in _compiled_ahead:
                     _compiled_ahead.add(variant(tile_flags))
                     launches += [{**tile_flags, **c.all_kwargs()}
-                                 for c in _prune(_tuner(tile).configs, {"K": k}, **tile_flags)]
+                                 for c in _prune(_tuner(tile).configs, {"K": k, "N": n}, **tile_flags)]
             compile_configs_ahead(_gemv_kernel, launches, args, x.device)
         _tuner(block_m)[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
     else:
