@@ -244,9 +244,11 @@ def _prune(configs, named_args, **kwargs):
         kept = [c for c in kept if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
                 in TILE_32_SHAPES] or kept
     if kwargs.get("BLOCK_M", 1) > 1 and "N" in named_args:
-        programs = {id(c): triton.cdiv(named_args["N"], c.kwargs["BLOCK_N"]) for c in kept}
-        if max(programs.values()) >= MIN_TILE_PROGRAMS:  # NOTE: a small model's projections keep every tile
-            kept = [c for c in kept if programs[id(c)] >= MIN_TILE_PROGRAMS]
+        def programs(config) -> int:
+            return triton.cdiv(named_args["N"], config.kwargs["BLOCK_N"])
+
+        if max(map(programs, kept)) >= MIN_TILE_PROGRAMS:  # NOTE: a small model's projections keep every tile
+            kept = [c for c in kept if programs(c) >= MIN_TILE_PROGRAMS]
     return kept
 
 
