@@ -94,13 +94,19 @@ def _model_step(model, inputs: "_StaticInputs", sampled: torch.Tensor, num_token
     return model(inputs.input_ids[:num_tokens], inputs.positions[:num_tokens], kv_caches, metadata)
 
 
-def _capture(step, pool) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """`step()`: the work the graph replays, returning its output."""
+def _capture(step, pool, stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """`step()`: the work the graph replays, returning its output; captured on `stream`, the runner's own.
+
+    Why not torch's default capture stream, one per process: cuBLAS's workspaces are cached per (handle,
+    stream), so graphs captured on one stream share one, and destroying a graph releases its stream's
+    (pytorch/pytorch#193402): an engine's graphs, freed while another engine of the process captures or
+    replays, pulled the workspace from under it (the GPU test that builds six engines failed so, twice:
+    CUBLAS_STATUS_EXECUTION_FAILED while capturing). A runner's graphs live and die together."""
     for _ in range(2):  # warm-up: compiles the kernels, settles the allocator
         step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
         out = step()
     return graph, out
 
@@ -180,8 +186,9 @@ class DecodeGraphs:
     the mixed graphs likewise)."""
 
     def __init__(self, model, kv_caches, *, max_batch: int, max_model_len: int, block_size: int,
-                 device: torch.device, sampled: torch.Tensor) -> None:
+                 device: torch.device, sampled: torch.Tensor, capture_stream: torch.cuda.Stream) -> None:
         self.model = model
+        self.capture_stream = capture_stream
         self.sampled = sampled
         self.kv_caches = kv_caches
         self.max_model_len = max_model_len
@@ -222,7 +229,7 @@ class DecodeGraphs:
         # largest first: the smaller graphs reuse its memory pool
         for batch in reversed(self.sizes):
             for bound in reversed(self.context_bounds):
-                graph, out = _capture(functools.partial(self._step, batch, bound), pool)
+                graph, out = _capture(functools.partial(self._step, batch, bound), pool, self.capture_stream)
                 pool = graph.pool()
                 self.graphs[batch, bound] = (graph, out)
         self.pool = pool  # NOTE: the mixed graphs are captured into it too
@@ -299,8 +306,9 @@ class MixedGraphs:
     sequences) replayed from graphs of the varlen forward, one per token count of `mixed_token_ladder`."""
 
     def __init__(self, model, kv_caches, *, max_tokens: int, max_seqs: int, max_model_len: int, block_size: int,
-                 pool, device: torch.device, sampled: torch.Tensor) -> None:
+                 pool, device: torch.device, sampled: torch.Tensor, capture_stream: torch.cuda.Stream) -> None:
         self.model = model
+        self.capture_stream = capture_stream
         self.sampled = sampled  # NOTE: as DecodeGraphs'
         self.kv_caches = kv_caches
         self.sizes = mixed_token_ladder(max_tokens)
@@ -345,7 +353,7 @@ class MixedGraphs:
             self._fill([0] * tokens, [0] * tokens, [-1] * tokens, [tokens], [tokens], [[0]], [-1] * tokens)
             step = functools.partial(_model_step, self.model, self.inputs, self.sampled, tokens, self.kv_caches,
                                      self.metadata(tokens))
-            graph, out = _capture(step, self.pool)
+            graph, out = _capture(step, self.pool, self.capture_stream)
             self.pool = graph.pool()
             self.graphs[tokens] = (graph, out)
         torch.cuda.synchronize()

@@ -120,6 +120,8 @@ class ModelRunner:
         for rows in sorted(set(model.ops.row_counts_to_tune()) | set(self.logit_row_buckets)):
             model.compute_logits(torch.zeros(rows, m.hidden_size, dtype=configs.device.dtype, device=self.device))
         self.graphs = None
+        # NOTE: this runner's graphs are captured on a stream of their own (cuda_graphs._capture says why)
+        capture_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         if configs.cuda_graph_max_batch:
             from .cuda_graphs import DecodeGraphs
 
@@ -130,7 +132,7 @@ class ModelRunner:
             self.graphs = DecodeGraphs(
                 model, self.kv_caches, max_batch=configs.cuda_graph_max_batch,
                 max_model_len=configs.scheduler.max_model_len, block_size=self.block_size, device=self.device,
-                sampled=self.sampled_tokens,
+                sampled=self.sampled_tokens, capture_stream=capture_stream,
             )
             self.graphs.capture()
             if self.graphs.timed_sizes:  # some batch sizes replay faster padded to a bigger graph (cuBLAS's
@@ -147,7 +149,7 @@ class ModelRunner:
                 model, self.kv_caches, max_tokens=configs.cuda_graph_max_mixed_tokens,
                 max_seqs=configs.cuda_graph_max_mixed_seqs, max_model_len=configs.scheduler.max_model_len,
                 block_size=self.block_size, pool=self.graphs.pool if self.graphs is not None else None,
-                device=self.device, sampled=self.sampled_tokens,
+                device=self.device, sampled=self.sampled_tokens, capture_stream=capture_stream,
             )
             self.mixed_graphs.capture()
         if self.device.type == "cuda":
