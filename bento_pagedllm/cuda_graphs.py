@@ -100,8 +100,9 @@ def _capture(step, pool, stream: torch.cuda.Stream) -> tuple[torch.cuda.CUDAGrap
     Why not torch's default capture stream, one per process: cuBLAS's workspaces are cached per (handle,
     stream), so graphs captured on one stream share one, and destroying a graph releases its stream's
     (pytorch/pytorch#193402): an engine's graphs, freed while another engine of the process captures or
-    replays, pulled the workspace from under it (the GPU test that builds six engines failed so, twice:
-    CUBLAS_STATUS_EXECUTION_FAILED while capturing). A runner's graphs live and die together."""
+    replays, can pull the workspace from under it. The likely cause of the GPU test that builds six
+    engines failing twice in ~10 suite runs (CUBLAS_STATUS_EXECUTION_FAILED while capturing; intermittent,
+    so not proven). A runner's graphs (decode and mixed, one memory pool) live and die together."""
     for _ in range(2):  # warm-up: compiles the kernels, settles the allocator
         step()
     torch.cuda.synchronize()
