@@ -217,6 +217,9 @@ class AsyncLLMEngine:
         self._waiting_ids: set[str] = set()  # streams without their first output yet
         self._draining = False  # NOTE: a plain flag: drain() may run in a signal handler
         self.dead_error: BaseException | None = None
+        # NOTE: set by `_on_exit` before it fails the open streams, so a caller whose stream ended with the
+        # engine's death already sees it stopped (the core's thread is still alive while it runs `_on_exit`)
+        self._core_exited = False
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -241,7 +244,7 @@ class AsyncLLMEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._core.is_alive()
+        return not self._core_exited and self._core.is_alive()
 
     @property
     def is_draining(self) -> bool:
@@ -349,6 +352,7 @@ class AsyncLLMEngine:
 
     def _on_exit(self, error: BaseException | None) -> None:
         """The loop ended: stopped (error None) or dead. Every stream still open ends."""
+        self._core_exited = True
         if error is not None:
             self.dead_error = error
         self._fail_streams(error if error is not None else EngineShuttingDownError("the engine shut down"))
