@@ -1,0 +1,320 @@
+"""Would a persistent decode-layer kernel beat the chain of dependent launches? A measurement, not engine code.
+
+A single-sequence decode step is a chain of ~5 kernels a layer (kernels/gemv.py: q/k/v, attention, o,
+gate/up, down), each launched as a programmatic dependent of the one before. What a layer takes above its
+weights' bytes (~14 us for Llama-2-7B on an H200) is each kernel's ramp and tail and the attention's
+latency. The structural alternative: programs resident for the whole step, phases separated by grid-wide
+barriers (an atomic counter) instead of kernel boundaries, so that no launch, no grid teardown and no wave
+quantisation separates two projections.
+
+This times the part of a layer after the attention, one token, Llama-2-7B shapes, over LAYERS layers (own
+weights each, so nothing is read from L2):
+
+    h = attn @ Wo^T + x;  a = silu(g) * u, [g; u] = rms_norm(h) @ Wgu^T;  x' = a @ Wd^T + h
+
+- `chain`: the engine's kernels (gemv, add_rms_norm_gemv with the SwiGLU epilogue, gemv), dependent launch,
+  autotuned, three launches a layer, in a CUDA graph;
+- `persistent`: one launch for all layers, `programs` programs (a few per multiprocessor, all resident),
+  each phase's row blocks dealt round-robin, a grid barrier between phases;
+- `persistent_nosync`: the same without the barriers (wrong results): the persistent loops' own read rate,
+  the floor of what barriers could give.
+
+Each prints us a layer against the bytes at the copy bandwidth, and the largest difference of the persistent
+kernel's output against the chain's (bf16; the sums run in another order).
+
+    python bench/persistent_mlp.py --layers 8 --out bench/results/persistent_mlp.json
+
+NOTE: CUDA only: the barrier spins, and Triton's interpreter runs programs one after another. The grid must
+fit on the GPU at once or the barrier never opens: the programs a multiprocessor holds are computed from
+the compiled kernel's registers and warps, and larger grids are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import triton
+import triton.language as tl
+import triton.testing
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from bento_pagedllm.kernels import gemv
+from bento_pagedllm.kernels.activation import silu_and_mul_tile
+from bento_pagedllm.kernels.prefetch import prefetch_to_l2
+from single_stream import copy_bandwidth
+
+HIDDEN, INTER = 4096, 11008  # Llama-2-7B
+EPS = 1e-5
+
+
+@triton.jit
+def _grid_barrier(counter_ptr, target, SYNC: tl.constexpr):
+    """Wait until `target` arrivals are counted (this program's included). NOTE: every thread's stores are
+    ordered before the count by the CTA barrier and the release; readers load with `.cg` (L2), since an
+    SM's L1 may hold stale lines of what other programs wrote."""
+    if SYNC:
+        tl.debug_barrier()
+        tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        while seen < target:
+            seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        tl.debug_barrier()
+
+
+@triton.jit
+def _projection_phase(x_ptr, w_ptr, out_ptr, addend_ptr, norm_ptr, inv_rms, N, K, pid, num_programs,
+                      NORM: tl.constexpr, SWIGLU: tl.constexpr, ADD: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOUBLE: tl.constexpr):
+    """out[rows] = epilogue(prologue(x) @ W[rows]^T) for this program's row blocks (pid, pid + P, ...).
+    The one-row kernel's arithmetic (kernels/gemv.py): float32 products summed once a block."""
+    dtype = out_ptr.dtype.element_ty
+    for block in range(pid, tl.cdiv(N, BLOCK_N), num_programs):
+        rows = block * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+        row_mask = rows < N
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        w_rows = w_ptr + rows.to(tl.int64)[:, None] * K  # [BLOCK_N, 1]
+        up_rows = w_ptr + (rows + N).to(tl.int64)[:, None] * K
+        if DOUBLE:  # W's next tile asked for before this one is used (kernels/gemv.py's plain one-row GEMV)
+            first = tl.arange(0, BLOCK_K)
+            first_mask = row_mask[:, None] & (first < K)[None, :]
+            w_next = tl.load(w_rows + first[None, :], mask=first_mask, other=0.0)
+            if SWIGLU:
+                up_next = tl.load(up_rows + first[None, :], mask=first_mask, other=0.0)
+        for k0 in range(0, K, BLOCK_K):
+            cols = k0 + tl.arange(0, BLOCK_K)  # [BLOCK_K]
+            col_mask = cols < K
+            x = tl.load(x_ptr + cols, mask=col_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+            if NORM:
+                x = x * tl.load(norm_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+            mask = row_mask[:, None] & col_mask[None, :]
+            if DOUBLE:
+                next_mask = row_mask[:, None] & (cols + BLOCK_K < K)[None, :]
+                w = w_next
+                w_next = tl.load(w_rows + (cols + BLOCK_K)[None, :], mask=next_mask, other=0.0)
+                if SWIGLU:
+                    up = up_next
+                    up_next = tl.load(up_rows + (cols + BLOCK_K)[None, :], mask=next_mask, other=0.0)
+            else:
+                w = tl.load(w_rows + cols[None, :], mask=mask, other=0.0)
+                if SWIGLU:
+                    up = tl.load(up_rows + cols[None, :], mask=mask, other=0.0)
+            acc += w.to(tl.float32) * x[None, :]
+            if SWIGLU:
+                acc_up += up.to(tl.float32) * x[None, :]
+        out = tl.sum(acc, axis=1) * inv_rms  # [BLOCK_N]
+        if SWIGLU:
+            up_out = tl.sum(acc_up, axis=1) * inv_rms
+            out = silu_and_mul_tile(out.to(dtype).to(tl.float32), up_out.to(dtype).to(tl.float32), dtype)
+            out = out.to(tl.float32)
+        if ADD:  # NOTE: rounded as torch rounds both steps
+            out = out.to(dtype).to(tl.float32) + tl.load(addend_ptr + rows, mask=row_mask, other=0.0,
+                                                         cache_modifier=".cg").to(tl.float32)
+        tl.store(out_ptr + rows, out.to(dtype), mask=row_mask)
+
+
+@triton.jit
+def _inv_rms(x_ptr, K, eps, BLOCK_K: tl.constexpr):
+    squares = tl.zeros([BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + cols, mask=cols < K, other=0.0, cache_modifier=".cg").to(tl.float32)
+        squares += x * x
+    return tl.rsqrt(tl.sum(squares) / K + eps)
+
+
+@triton.jit
+def _mlp_layers_kernel(attn_ptr, xs_ptr, hs_ptr, acts_ptr, wo_ptr, wgu_ptr, wd_ptr, norm_ptr, counter_ptr,
+                       num_layers, num_programs, eps, HIDDEN: tl.constexpr, INTER: tl.constexpr,
+                       SYNC: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOUBLE: tl.constexpr):
+    """xs: [layers + 1, HIDDEN] (x of each layer, then the output), hs: [layers, HIDDEN], acts: [layers,
+    INTER]; the weights stacked by layer."""
+    pid = tl.program_id(0)
+    arrivals = 0
+    for layer in range(num_layers):
+        x_ptr = xs_ptr + layer * HIDDEN
+        h_ptr = hs_ptr + layer * HIDDEN
+        act_ptr = acts_ptr + layer * INTER
+        wo = wo_ptr + layer * HIDDEN * HIDDEN  # NOTE: int32 offsets: main() bounds the layers
+        wgu = wgu_ptr + layer * 2 * INTER * HIDDEN
+        wd = wd_ptr + layer * HIDDEN * INTER
+        _projection_phase(attn_ptr, wo, h_ptr, x_ptr, norm_ptr, 1.0, HIDDEN, HIDDEN, pid, num_programs,
+                          False, False, True, BLOCK_N, BLOCK_K, DOUBLE)
+        arrivals += num_programs
+        _grid_barrier(counter_ptr, arrivals, SYNC)
+        inv_rms = _inv_rms(h_ptr, HIDDEN, eps, BLOCK_K)
+        _projection_phase(h_ptr, wgu, act_ptr, x_ptr, norm_ptr, inv_rms, INTER, HIDDEN, pid, num_programs,
+                          True, True, False, BLOCK_N, BLOCK_K, DOUBLE)
+        arrivals += num_programs
+        _grid_barrier(counter_ptr, arrivals, SYNC)
+        _projection_phase(act_ptr, wd, xs_ptr + (layer + 1) * HIDDEN, h_ptr, norm_ptr, 1.0, HIDDEN, INTER, pid,
+                          num_programs,
+                          False, False, True, BLOCK_N, BLOCK_K, DOUBLE)
+        arrivals += num_programs
+        _grid_barrier(counter_ptr, arrivals, SYNC)
+
+
+@triton.jit
+def _phase_kernel(x_ptr, w_ptr, out_ptr, addend_ptr, norm_ptr, N, K, eps, num_programs, NORM: tl.constexpr,
+                  SWIGLU: tl.constexpr, ADD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  DOUBLE: tl.constexpr, USE_PDL: tl.constexpr):
+    """One projection as a kernel of its own with a persistent grid (`num_programs` programs looping over
+    the row blocks), launched as a dependent of the kernel before: the chain's boundaries, the persistent
+    kernel's loops. Before the wait each program asks L2 for its first block's first W tile."""
+    pid = tl.program_id(0)
+    if USE_PDL:
+        rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        lines = tl.arange(0, BLOCK_K // 64) * 64
+        prefetch_to_l2(w_ptr + tl.minimum(rows, N - 1).to(tl.int64)[:, None] * K + lines[None, :])
+        gdc_wait()
+        gdc_launch_dependents()
+    if NORM:
+        inv_rms = _inv_rms(x_ptr, K, eps, BLOCK_K)
+    else:
+        inv_rms = 1.0
+    _projection_phase(x_ptr, w_ptr, out_ptr, addend_ptr, norm_ptr, inv_rms, N, K, pid, num_programs,
+                      NORM, SWIGLU, ADD, BLOCK_N, BLOCK_K, DOUBLE)
+
+
+def resident_programs(kernel, num_warps: int) -> int:
+    """Programs of `kernel` (compiled) one H100/H200 multiprocessor holds at once: 64 warps, 64K registers,
+    228 KB of shared memory (1 KB of it reserved per program)."""
+    by_warps = 64 // num_warps
+    by_regs = 65536 // (max(kernel.n_regs, 1) * 32 * num_warps)
+    by_smem = (228 << 10) // (kernel.metadata.shared + 1024)
+    return max(0, min(by_warps, by_regs, by_smem))
+
+
+def _compiled(kernel, args: tuple, meta: dict):
+    """`kernel` compiled for `args` and `meta`, its binary loaded (for its register count)."""
+    compiled = kernel.warmup(*args, grid=(1,), **meta)
+    if hasattr(compiled, "_init_handles"):
+        compiled._init_handles()
+    return compiled
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--configs", default="4x1024x4,8x512x4,2x1024x4,4x1024x8",
+                        help="BLOCK_N x BLOCK_K x warps of the persistent kernel, comma-separated")
+    parser.add_argument("--per-sm", default="2,3,4,5,6,8", help="programs a multiprocessor, comma-separated")
+    parser.add_argument("--skip-barriers", action="store_true", help="only the chain and the persistent grids")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    device, dtype, layers = torch.device("cuda"), torch.bfloat16, args.layers
+    assert layers * 2 * INTER * HIDDEN < 2**31, "the kernel's weight offsets are int32"
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    bandwidth = copy_bandwidth()
+    wo = torch.randn(layers, HIDDEN, HIDDEN, device=device, dtype=dtype) * HIDDEN**-0.5
+    wgu = torch.randn(layers, 2 * INTER, HIDDEN, device=device, dtype=dtype) * HIDDEN**-0.5
+    wd = torch.randn(layers, HIDDEN, INTER, device=device, dtype=dtype) * INTER**-0.5
+    norm = 1.0 + 0.1 * torch.randn(HIDDEN, device=device, dtype=dtype)
+    attn = torch.randn(1, HIDDEN, device=device, dtype=dtype)
+    layer_bytes = (wo[0].numel() + wgu[0].numel() + wd[0].numel()) * 2
+    bytes_us = layer_bytes / bandwidth * 1e6
+
+    def chain(x):
+        """The engine's kernels, layer after layer: [(h, act, x')] a layer."""
+        outs = []
+        for layer in range(layers):
+            h = gemv.gemv(attn, wo[layer], x, pdl=True)
+            act = gemv.add_rms_norm_gemv(h, None, norm, EPS, wgu[layer], swiglu=True, pdl=True)[0]
+            x = gemv.gemv(act, wd[layer], h, pdl=True)
+            outs.append((h, act, x))
+        return outs
+
+    x0 = torch.randn(1, HIDDEN, device=device, dtype=dtype)
+    chain(x0)  # autotune outside the graph
+    outs = chain(x0)
+    ref = [torch.cat([x0] + [o[2] for o in outs]), torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])]
+    torch.cuda.synchronize()
+    rows = [{"variant": "chain", "us_per_layer": triton.testing.do_bench_cudagraph(lambda: chain(x0), rep=100)
+             * 1e3 / layers, "tuned_configs": gemv.tuned_configs()}]
+    print(json.dumps(rows[-1]), flush=True)
+
+    for config in args.configs.split(","):
+        block_n, block_k, warps = map(int, config.split("x"))
+        for double in (False, True):
+            outs = [torch.empty_like(t) for t in ref]
+            outs[0][0] = x0[0]
+            xs, hs, acts = outs
+            meta = dict(BLOCK_N=block_n, BLOCK_K=block_k, DOUBLE=double, USE_PDL=True, num_warps=warps, launch_pdl=True)
+            fits = min(resident_programs(_compiled(_phase_kernel, (attn, wgu[0], acts, xs, norm, INTER, HIDDEN, EPS,
+                                                                   sms), dict(meta, NORM=n, SWIGLU=n, ADD=not n)),
+                                         warps) for n in (False, True))
+            for per_sm in map(int, args.per_sm.split(",")):
+                programs = per_sm * sms
+                row = {"variant": "persistent_grids_pdl", "block_n": block_n, "block_k": block_k, "warps": warps,
+                       "double_buffered": double, "per_sm": per_sm, "programs": programs, "resident_per_sm": fits}
+                if per_sm > fits:  # NOTE: more would run as waves: not what this measures
+                    continue
+
+                def grids(programs=programs):
+                    for layer in range(layers):
+                        _phase_kernel[(programs,)](attn, wo[layer], hs[layer], xs[layer], norm, HIDDEN, HIDDEN, EPS,
+                                                   programs, NORM=False, SWIGLU=False, ADD=True, **meta)
+                        _phase_kernel[(programs,)](hs[layer], wgu[layer], acts[layer], xs[layer], norm, INTER, HIDDEN,
+                                                   EPS, programs, NORM=True, SWIGLU=True, ADD=False, **meta)
+                        _phase_kernel[(programs,)](acts[layer], wd[layer], xs[layer + 1], hs[layer], norm, HIDDEN,
+                                                   INTER, EPS, programs, NORM=False, SWIGLU=False, ADD=True, **meta)
+
+                grids()
+                torch.cuda.synchronize()
+                row["max_diff"] = {name: (a.float() - b.float()).abs().max().item()
+                                   for name, a, b in zip(("x", "h", "act"), outs, ref)}
+                row["us_per_layer"] = triton.testing.do_bench_cudagraph(grids, rep=100) * 1e3 / layers
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+
+    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    for config in args.configs.split(",") if not args.skip_barriers else []:
+        block_n, block_k, warps = map(int, config.split("x"))
+        for double in (False, True):
+            for sync in (True, False):
+                outs = [torch.empty_like(t) for t in ref]
+                outs[0][0] = x0[0]
+                meta = dict(HIDDEN=HIDDEN, INTER=INTER, SYNC=sync, BLOCK_N=block_n, BLOCK_K=block_k, DOUBLE=double,
+                            num_warps=warps)
+                compiled = _compiled(_mlp_layers_kernel, (attn, *outs, wo, wgu, wd, norm, counter, layers, sms, EPS),
+                                     meta)
+                fits = resident_programs(compiled, warps)
+                for per_sm in map(int, args.per_sm.split(",")):
+                    programs = per_sm * sms
+                    row = {"variant": "persistent" if sync else "persistent_nosync", "block_n": block_n,
+                           "block_k": block_k, "warps": warps, "double_buffered": double, "per_sm": per_sm,
+                           "programs": programs, "n_regs": compiled.n_regs, "resident_per_sm": fits}
+                    if per_sm > fits:  # NOTE: the barrier would never open
+                        row["skipped"] = "not all resident"
+                        print(json.dumps(row), flush=True)
+                        continue
+
+                    def launch(programs=programs):
+                        counter.zero_()
+                        _mlp_layers_kernel[(programs,)](attn, *outs, wo, wgu, wd, norm, counter, layers, programs,
+                                                        EPS, **meta)
+
+                    launch()
+                    torch.cuda.synchronize()
+                    if sync:
+                        row["max_diff"] = {name: (a.float() - b.float()).abs().max().item()
+                                           for name, a, b in zip(("x", "h", "act"), outs, ref)}
+                    row["us_per_layer"] = triton.testing.do_bench_cudagraph(launch, rep=100) * 1e3 / layers
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    for row in rows:
+        if "us_per_layer" in row:
+            row["bytes_ratio"] = bytes_us / row["us_per_layer"]
+    result = {"gpu": torch.cuda.get_device_name(), "copy_bandwidth_tbs": bandwidth / 1e12, "layers": layers,
+              "layer_mb": layer_bytes / 1e6, "bytes_us_per_layer": bytes_us, "rows": rows}
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
