@@ -32,6 +32,7 @@ the compiled kernel's registers and warps, and larger grids are skipped.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 
 import torch
@@ -157,6 +158,110 @@ def _mlp_layers_kernel(attn_ptr, xs_ptr, hs_ptr, acts_ptr, wo_ptr, wgu_ptr, wd_p
 
 
 @triton.jit
+def _wait_count(counter_ptr, expected):
+    """Spin until the counter reaches `expected` (acquire: what its producers stored before counting is
+    visible; read it with `.cg`)."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while seen < expected:
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def _tile_blocks(tile, N, TILE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """How many BLOCK_N-row blocks produce the TILE elements of `tile` (the last tile may be short)."""
+    return tl.cdiv(tl.minimum(N - tile * TILE, TILE), BLOCK_N)
+
+
+@triton.jit
+def _dataflow_phase(x_ptr, x_counts, x_len, w_ptr, out_ptr, out_counts, addend_ptr, addend_counts, norm_ptr,
+                    N, K, eps, pid, num_programs, NORM: tl.constexpr, SWIGLU: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FIRST: tl.constexpr):
+    """`_projection_phase` without a barrier before it: a program waits only for the input tiles it is
+    about to read (x_counts[t]: the producer's blocks done in tile t of BLOCK_K elements; x_len: the
+    input's length, = K) and, before adding, for the addend tile of its rows; after storing its rows it
+    counts them in out_counts. A bitmask remembers the input tiles already seen complete, so a program
+    polls each at most once a phase. NOTE: every vector here is tiled by BLOCK_K, which BLOCK_N divides."""
+    dtype = out_ptr.dtype.element_ty
+    ready = 0  # bit t: input tile t seen complete
+    for block in range(pid, tl.cdiv(N, BLOCK_N), num_programs):
+        rows = block * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
+        row_mask = rows < N
+        w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
+        up_rows = w_ptr + (rows + N).to(tl.int64)[:, None] * K
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        squares = tl.zeros([BLOCK_K], tl.float32)
+        for tile in range(0, tl.cdiv(K, BLOCK_K)):
+            cols = tile * BLOCK_K + tl.arange(0, BLOCK_K)
+            col_mask = cols < K
+            mask = row_mask[:, None] & col_mask[None, :]
+            if W_FIRST:  # W asked for before the wait (more registers live across it)
+                w = tl.load(w_rows + cols[None, :], mask=mask, other=0.0)
+                if SWIGLU:
+                    up = tl.load(up_rows + cols[None, :], mask=mask, other=0.0)
+            if ((ready >> tile) & 1) == 0:
+                _wait_count(x_counts + tile, _tile_blocks(tile, x_len, BLOCK_K, BLOCK_N))
+                ready = ready | (1 << tile)
+            if not W_FIRST:
+                w = tl.load(w_rows + cols[None, :], mask=mask, other=0.0)
+                if SWIGLU:
+                    up = tl.load(up_rows + cols[None, :], mask=mask, other=0.0)
+            x = tl.load(x_ptr + cols, mask=col_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+            if NORM:
+                squares += x * x
+                x = x * tl.load(norm_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+            acc += w.to(tl.float32) * x[None, :]
+            if SWIGLU:
+                acc_up += up.to(tl.float32) * x[None, :]
+        inv_rms = 1.0
+        if NORM:
+            inv_rms = tl.rsqrt(tl.sum(squares) / K + eps)
+        out = tl.sum(acc, axis=1) * inv_rms  # [BLOCK_N]
+        if SWIGLU:
+            up_out = tl.sum(acc_up, axis=1) * inv_rms
+            out = silu_and_mul_tile(out.to(dtype).to(tl.float32), up_out.to(dtype).to(tl.float32), dtype)
+            out = out.to(tl.float32)
+        out_tile = block * BLOCK_N // BLOCK_K
+        if not SWIGLU:  # NOTE: o and down add the residual stream: its tile of these rows must be complete
+            _wait_count(addend_counts + out_tile, _tile_blocks(out_tile, N, BLOCK_K, BLOCK_N))
+            out = out.to(dtype).to(tl.float32) + tl.load(addend_ptr + rows, mask=row_mask, other=0.0,
+                                                         cache_modifier=".cg").to(tl.float32)
+        tl.store(out_ptr + rows, out.to(dtype), mask=row_mask)
+        tl.debug_barrier()  # NOTE: every thread's stores before the count
+        tl.atomic_add(out_counts + out_tile, 1, sem="release", scope="gpu")
+
+
+MAX_TILES = tl.constexpr(16)  # counters a vector: tiles of BLOCK_K elements (11,008 / 1,024 -> 11)
+
+
+@triton.jit
+def _dataflow_layers_kernel(attn_ptr, xs_ptr, hs_ptr, acts_ptr, wo_ptr, wgu_ptr, wd_ptr, norm_ptr, counts_ptr,
+                            num_layers, num_programs, eps, HIDDEN: tl.constexpr, INTER: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FIRST: tl.constexpr):
+    """The layers of `_mlp_layers_kernel` with tile counters instead of grid barriers. counts: [layers + 1,
+    3, MAX_TILES] int32: per layer, the tiles done of x (the layer's input: layer 0's set full by the host),
+    h and act. attn is an input (complete): its waits use x's counters of layer 0, which are full."""
+    pid = tl.program_id(0)
+    for layer in range(num_layers):
+        x_ptr = xs_ptr + layer * HIDDEN
+        h_ptr = hs_ptr + layer * HIDDEN
+        act_ptr = acts_ptr + layer * INTER
+        x_counts = counts_ptr + layer * 3 * MAX_TILES
+        h_counts = x_counts + MAX_TILES
+        act_counts = x_counts + 2 * MAX_TILES
+        next_x_counts = x_counts + 3 * MAX_TILES
+        wo = wo_ptr + layer * HIDDEN * HIDDEN
+        wgu = wgu_ptr + layer * 2 * INTER * HIDDEN
+        wd = wd_ptr + layer * HIDDEN * INTER
+        _dataflow_phase(attn_ptr, counts_ptr, HIDDEN, wo, h_ptr, h_counts, x_ptr, x_counts, norm_ptr,
+                        HIDDEN, HIDDEN, eps, pid, num_programs, False, False, BLOCK_N, BLOCK_K, W_FIRST)
+        _dataflow_phase(h_ptr, h_counts, HIDDEN, wgu, act_ptr, act_counts, x_ptr, x_counts, norm_ptr,
+                        INTER, HIDDEN, eps, pid, num_programs, True, True, BLOCK_N, BLOCK_K, W_FIRST)
+        _dataflow_phase(act_ptr, act_counts, INTER, wd, xs_ptr + (layer + 1) * HIDDEN, next_x_counts, h_ptr,
+                        h_counts, norm_ptr, HIDDEN, INTER, eps, pid, num_programs, False, False, BLOCK_N, BLOCK_K, W_FIRST)
+
+
+@triton.jit
 def _phase_kernel(x_ptr, w_ptr, out_ptr, addend_ptr, norm_ptr, N, K, eps, num_programs, NORM: tl.constexpr,
                   SWIGLU: tl.constexpr, ADD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   DOUBLE: tl.constexpr, USE_PDL: tl.constexpr):
@@ -201,7 +306,8 @@ def main() -> None:
     parser.add_argument("--configs", default="4x1024x4,8x512x4,2x1024x4,4x1024x8",
                         help="BLOCK_N x BLOCK_K x warps of the persistent kernel, comma-separated")
     parser.add_argument("--per-sm", default="2,3,4,5,6,8", help="programs a multiprocessor, comma-separated")
-    parser.add_argument("--skip-barriers", action="store_true", help="only the chain and the persistent grids")
+    parser.add_argument("--variants", default="dataflow,barriers",
+                        help="besides the chain: dataflow, barriers (with and without), grids, comma-separated")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -236,7 +342,7 @@ def main() -> None:
              * 1e3 / layers, "tuned_configs": gemv.tuned_configs()}]
     print(json.dumps(rows[-1]), flush=True)
 
-    for config in args.configs.split(","):
+    for config in args.configs.split(",") if "grids" in args.variants else []:
         block_n, block_k, warps = map(int, config.split("x"))
         for double in (False, True):
             outs = [torch.empty_like(t) for t in ref]
@@ -270,8 +376,42 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
 
+    dataflow_runs = itertools.product(args.configs.split(","), ((False, None), (True, None), (False, 128), (True, 128)))
+    for config, (w_first, maxnreg) in dataflow_runs if "dataflow" in args.variants else []:
+        block_n, block_k, warps = map(int, config.split("x"))
+        outs = [torch.empty_like(t) for t in ref]
+        outs[0][0] = x0[0]
+        counts = torch.zeros(layers + 1, 3, MAX_TILES.value, dtype=torch.int32, device=device)
+        initial = torch.zeros_like(counts)
+        initial[0, 0, : HIDDEN // block_k] = block_k // block_n  # NOTE: layer 0's input (and attn) complete
+        meta = dict(HIDDEN=HIDDEN, INTER=INTER, BLOCK_N=block_n, BLOCK_K=block_k, W_FIRST=w_first, num_warps=warps,
+                    **({"maxnreg": maxnreg} if maxnreg else {}))
+        compiled = _compiled(_dataflow_layers_kernel, (attn, *outs, wo, wgu, wd, norm, counts, layers, sms, EPS), meta)
+        fits = resident_programs(compiled, warps)
+        for per_sm in map(int, args.per_sm.split(",")):
+            programs = per_sm * sms
+            row = {"variant": "dataflow", "block_n": block_n, "block_k": block_k, "warps": warps, "per_sm": per_sm,
+                   "w_before_wait": w_first, "maxnreg": maxnreg,
+                   "programs": programs, "n_regs": compiled.n_regs, "resident_per_sm": fits}
+            if per_sm > fits:  # NOTE: a waiting program would hold a multiprocessor its producer needs
+                continue
+
+            def dataflow(programs=programs):
+                counts.copy_(initial)
+                _dataflow_layers_kernel[(programs,)](attn, *outs, wo, wgu, wd, norm, counts, layers, programs, EPS,
+                                                     **meta)
+
+            dataflow()
+            torch.cuda.synchronize()
+            row["max_diff"] = {name: (a.float() - b.float()).abs().max().item()
+                               for name, a, b in zip(("x", "h", "act"), outs, ref)}
+            row["us_per_layer"] = triton.testing.do_bench_cudagraph(dataflow, rep=100) * 1e3 / layers
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+
     counter = torch.zeros(1, dtype=torch.int32, device=device)
-    for config in args.configs.split(",") if not args.skip_barriers else []:
+    for config in args.configs.split(",") if "barriers" in args.variants else []:
         block_n, block_k, warps = map(int, config.split("x"))
         for double in (False, True):
             for sync in (True, False):
