@@ -17,12 +17,17 @@ weights each, so nothing is read from L2):
 - `persistent`: one launch for all layers, `programs` programs (a few per multiprocessor, all resident),
   each phase's row blocks dealt round-robin, a grid barrier between phases;
 - `persistent_nosync`: the same without the barriers (wrong results): the persistent loops' own read rate,
-  the floor of what barriers could give.
+  the floor of what barriers could give;
+- `persistent_grids_pdl` (`--variants grids`): each projection its own kernel with a resident-sized grid
+  looping over row blocks, dependent launch;
+- `dataflow`: the persistent kernel with a counter per tile of each vector instead of barriers: a program
+  waits only for the input tile it reads next.
 
-Each prints us a layer against the bytes at the copy bandwidth, and the largest difference of the persistent
-kernel's output against the chain's (bf16; the sums run in another order).
+Each prints us a layer (the layers' bytes at the copy bandwidth beside it) and the largest difference of
+the output against the chain's (bf16; the sums may run in another order). Measured on an H200
+(BENCHMARKS.md, twenty-eighth session): every persistent form slower than the chain.
 
-    python bench/persistent_mlp.py --layers 8 --out bench/results/persistent_mlp.json
+    python bench/persistent_mlp.py --layers 8 --variants dataflow,barriers,grids --out persistent_mlp.json
 
 NOTE: CUDA only: the barrier spins, and Triton's interpreter runs programs one after another. The grid must
 fit on the GPU at once or the barrier never opens: the programs a multiprocessor holds are computed from
