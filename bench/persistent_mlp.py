@@ -263,7 +263,8 @@ def _dataflow_layers_kernel(attn_ptr, xs_ptr, hs_ptr, acts_ptr, wo_ptr, wgu_ptr,
         _dataflow_phase(h_ptr, h_counts, HIDDEN, wgu, act_ptr, act_counts, x_ptr, x_counts, norm_ptr,
                         INTER, HIDDEN, eps, pid, num_programs, True, True, BLOCK_N, BLOCK_K, W_FIRST)
         _dataflow_phase(act_ptr, act_counts, INTER, wd, xs_ptr + (layer + 1) * HIDDEN, next_x_counts, h_ptr,
-                        h_counts, norm_ptr, HIDDEN, INTER, eps, pid, num_programs, False, False, BLOCK_N, BLOCK_K, W_FIRST)
+                        h_counts, norm_ptr, HIDDEN, INTER, eps, pid, num_programs, False, False, BLOCK_N, BLOCK_K,
+                        W_FIRST)
 
 
 @triton.jit
@@ -303,6 +304,18 @@ def _compiled(kernel, args: tuple, meta: dict):
     if hasattr(compiled, "_init_handles"):
         compiled._init_handles()
     return compiled
+
+
+def _record(row: dict, launch, outs: list, ref: list, layers: int, rows: list, check: bool = True) -> None:
+    """Run `launch` once (its outputs against the chain's when `check`), then time it in a CUDA graph."""
+    launch()
+    torch.cuda.synchronize()
+    if check:
+        row["max_diff"] = {name: (a.float() - b.float()).abs().max().item()
+                           for name, a, b in zip(("x", "h", "act"), outs, ref)}
+    row["us_per_layer"] = triton.testing.do_bench_cudagraph(launch, rep=100) * 1e3 / layers
+    rows.append(row)
+    print(json.dumps(row), flush=True)
 
 
 def main() -> None:
@@ -373,13 +386,7 @@ def main() -> None:
                         _phase_kernel[(programs,)](acts[layer], wd[layer], xs[layer + 1], hs[layer], norm, HIDDEN,
                                                    INTER, EPS, programs, NORM=False, SWIGLU=False, ADD=True, **meta)
 
-                grids()
-                torch.cuda.synchronize()
-                row["max_diff"] = {name: (a.float() - b.float()).abs().max().item()
-                                   for name, a, b in zip(("x", "h", "act"), outs, ref)}
-                row["us_per_layer"] = triton.testing.do_bench_cudagraph(grids, rep=100) * 1e3 / layers
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+                _record(row, grids, outs, ref, layers, rows)
 
     dataflow_runs = itertools.product(args.configs.split(","), ((False, None), (True, None), (False, 128), (True, 128)))
     for config, (w_first, maxnreg) in dataflow_runs if "dataflow" in args.variants else []:
@@ -406,14 +413,7 @@ def main() -> None:
                 _dataflow_layers_kernel[(programs,)](attn, *outs, wo, wgu, wd, norm, counts, layers, programs, EPS,
                                                      **meta)
 
-            dataflow()
-            torch.cuda.synchronize()
-            row["max_diff"] = {name: (a.float() - b.float()).abs().max().item()
-                               for name, a, b in zip(("x", "h", "act"), outs, ref)}
-            row["us_per_layer"] = triton.testing.do_bench_cudagraph(dataflow, rep=100) * 1e3 / layers
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-
+            _record(row, dataflow, outs, ref, layers, rows)
 
     counter = torch.zeros(1, dtype=torch.int32, device=device)
     for config in args.configs.split(",") if "barriers" in args.variants else []:
@@ -442,14 +442,7 @@ def main() -> None:
                         _mlp_layers_kernel[(programs,)](attn, *outs, wo, wgu, wd, norm, counter, layers, programs,
                                                         EPS, **meta)
 
-                    launch()
-                    torch.cuda.synchronize()
-                    if sync:
-                        row["max_diff"] = {name: (a.float() - b.float()).abs().max().item()
-                                           for name, a, b in zip(("x", "h", "act"), outs, ref)}
-                    row["us_per_layer"] = triton.testing.do_bench_cudagraph(launch, rep=100) * 1e3 / layers
-                    rows.append(row)
-                    print(json.dumps(row), flush=True)
+                    _record(row, launch, outs, ref, layers, rows, check=sync)
     for row in rows:
         if "us_per_layer" in row:
             row["bytes_ratio"] = bytes_us / row["us_per_layer"]
