@@ -355,6 +355,11 @@ case $part in
     # torch's flash SDPA (bench/prefill_attention.py)
     run prefill_attention 150 $PY bench/prefill_attention.py --shapes llama3-8b,llama2-7b --out "$out/prefill_attention.json"
     ;;
+  persistent_mlp)
+    # issue 4: a persistent decode-layer kernel (grid barriers, tile counters) against the chain of dependent
+    # launches on a Llama-2-7B layer's o, gate/up and down (bench/persistent_mlp.py; run from bench/)
+    (cd bench && run persistent_mlp 300 $PY persistent_mlp.py --layers 8 --variants ${VARIANTS:-dataflow,barriers} --out "$out/persistent_mlp.json")
+    ;;
   gemm)
     # issue 5: the GEMMs of big decode steps and prefill, cuBLAS (as the model calls it), cuBLASLt and a
     # persistent Triton GEMM, TFLOP/s per row count of the decode ladder (bench/gemm.py)
