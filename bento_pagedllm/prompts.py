@@ -49,6 +49,8 @@ class PromptProcessor:
         vocab = self.model_config.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise RequestError(f"logit_bias token ids must be in [0, {vocab})")
         max_num_seqs = self.configs.scheduler.max_num_seqs
         if params.n > max_num_seqs:
             # NOTE: the scheduler seats the n choices together: a larger n would wait forever, and block the

@@ -1,8 +1,9 @@
 """Batched sampling on the logits' device: one set of tensor operations for every row, no per-row loop.
 
-Order of operations (as vLLM and transformers apply them): penalties on the raw logits, then greedy rows
-take the argmax; the others are divided by their temperature, filtered by min-p, top-k and top-p, and
-drawn with the exponential-race trick (`argmax(p / E)`, E ~ Exp(1)), which equals sampling from p.
+Order of operations (as vLLM and transformers apply them): penalties on the raw logits, then each row's
+logit bias (OpenAI's), then the min-tokens bans; greedy rows take the argmax; the others are divided by
+their temperature, filtered by min-p, top-k and top-p, and drawn with the exponential-race trick
+(`argmax(p / E)`, E ~ Exp(1)), which equals sampling from p.
 
 Randomness is counter-based: the noise for (sequence seed, output position, token id) is a hash, so a
 seeded request gives the same tokens whatever else is in the batch, on any device, without a per-row
@@ -75,6 +76,7 @@ class SamplingBatch:
     penalties: "PenaltyBatch | None"
     num_logprobs: int  # top alternatives to return (max over rows), -1 when no row asks
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) that must not be drawn
+    bias: tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # ((rows, token ids), values)
     temperature: torch.Tensor | None = None  # [rows] float32, 1.0 for greedy rows
     top_p: torch.Tensor | None = None  # [rows] float32
     min_p: torch.Tensor | None = None  # [rows] float32
@@ -85,8 +87,9 @@ class SamplingBatch:
 
     @property
     def plain_greedy(self) -> bool:
-        """Every row takes its argmax of the raw logits: no penalty, ban or log-probability to compute."""
-        return self.all_greedy and self.penalties is None and self.banned is None and self.num_logprobs < 0
+        """Every row takes its argmax of the raw logits: no penalty, bias, ban or log-probability to compute."""
+        return (self.all_greedy and self.penalties is None and self.bias is None and self.banned is None
+                and self.num_logprobs < 0)
 
     @classmethod
     def from_rows(cls, rows: tuple[SamplingRow, ...], vocab_size: int, device: torch.device,
@@ -105,6 +108,7 @@ class SamplingBatch:
             else None,
             num_logprobs=max(asked) if asked else -1,
             banned=_min_tokens_bans(rows, eos_token_ids, vocab_size, device),
+            bias=_logit_biases(rows, device),
         )
         if flags["all_greedy"]:
             return cls(**flags)
@@ -128,6 +132,18 @@ def _min_tokens_bans(rows, eos_token_ids, vocab_size, device):
         return None
     packed = to_device(torch.tensor(pairs, dtype=torch.int64).t().contiguous(), device)
     return packed[0], packed[1]
+
+
+def _logit_biases(rows, device):
+    """((rows, token ids), values) of the rows' logit_bias entries, or None when no row has any.
+    NOTE: the token ids were checked against the vocabulary when the request came in."""
+    biased = [i for i, row in enumerate(rows) if row.params.logit_bias is not None]  # NOTE: every step: cheap
+    if not biased:
+        return None
+    entries = [(i, token, bias) for i in biased for token, bias in rows[i].params.logit_bias.items()]
+    index = to_device(torch.tensor([[i for i, _, _ in entries], [t for _, t, _ in entries]], dtype=torch.int64),
+                      device)
+    return (index[0], index[1]), to_device(torch.tensor([b for _, _, b in entries], dtype=torch.float32), device)
 
 
 @dataclass(frozen=True)
@@ -237,6 +253,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, out: torch.Tensor | None 
     raw_logits = logits  # NOTE: logprobs are of the model's own distribution, before any penalty
     if batch.penalties is not None:
         logits = batch.penalties.apply(logits)
+    if batch.bias is not None:
+        index, values = batch.bias
+        logits = logits.index_put(index, values, accumulate=True)
     if batch.banned is not None:
         logits = logits.index_put(batch.banned, torch.tensor(float("-inf"), device=logits.device))
     tokens = logits.argmax(dim=-1)

@@ -15,6 +15,9 @@ class SamplingParams:
     `logprobs=k` returns the chosen token's log-probability plus the top k alternatives (k may be 0).
     `min_tokens`: end-of-sequence and `stop_token_ids` cannot be drawn before that many tokens (vLLM's
     meaning; stop strings still apply).
+    `logit_bias`: token id -> a value in [-100, 100] added to that token's logit before sampling (OpenAI's
+    meaning: after the penalties; log-probabilities stay the model's). The token ids are checked against
+    the vocabulary where it is known (`PromptProcessor.validate_prompt`).
     """
 
     n: int = 1
@@ -34,8 +37,10 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
 
     MAX_LOGPROBS = 20
+    MAX_LOGIT_BIAS = 100.0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -67,6 +72,12 @@ class SamplingParams:
                       self.presence_penalty, self.frequency_penalty):
             if value != value:  # NaN
                 raise ValueError("sampling parameters must not be NaN")
+        self.logit_bias = {int(t): float(b) for t, b in (self.logit_bias or {}).items()} or None
+        for token, bias in (self.logit_bias or {}).items():
+            if token < 0:
+                raise ValueError("logit_bias token ids must be non-negative")
+            if not -self.MAX_LOGIT_BIAS <= bias <= self.MAX_LOGIT_BIAS:  # NOTE: False for NaN too
+                raise ValueError(f"logit_bias values must be in [-{self.MAX_LOGIT_BIAS:g}, {self.MAX_LOGIT_BIAS:g}]")
         # NOTE: read for every sequence of every step (the scheduler's sampling rows): worked out once, as
         # the checks above are (parameters do not change after construction)
         self.uses_penalties = (

@@ -115,8 +115,12 @@ def bad_inputs(model: str, *, max_body_bytes: int, vocab_size: int, model_path: 
         BadInput("model is an absolute path", "/completions", completion_with(model="/etc/passwd"), 404),
         BadInput("model is the served model's directory", "/completions", completion_with(model=model_path), 404),
         BadInput("model card of a path", f"/models/{model_path.lstrip('/')}", b"", 404, method="GET"),
+        # logit_bias outside its bounds
+        BadInput("logit_bias key not a token id", "/chat/completions", chat_with(logit_bias={"x": 1.0}), 400),
+        BadInput("logit_bias token out of vocabulary", "/chat/completions",
+                 chat_with(logit_bias={str(vocab_size): 1.0}), 400),
+        BadInput("logit_bias value beyond 100", "/chat/completions", chat_with(logit_bias={"5": 1e9}), 400),
         # unsupported parameters
-        BadInput("logit_bias", "/chat/completions", chat_with(logit_bias={"5": 1.0}), 400),
         BadInput("suffix", "/completions", completion_with(suffix="y"), 400),
         BadInput("echo with logprobs", "/completions", completion_with(echo=True, logprobs=1), 400),
         # unknown routes and methods

@@ -127,6 +127,16 @@ def test_frequency_penalty_reduces_repetition(llm):
     assert len(set(ids)) > len(set(base))
 
 
+def test_logit_bias_steers_the_batch_row_by_row(llm):
+    """A biased request among plain ones: its tokens follow the bias, the others are what they were alone."""
+    prompts = ["Hello there", "Once upon a time"]
+    alone = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=8, **GREEDY))]
+    forced = SamplingParams(max_tokens=8, ignore_eos=True, logit_bias={alone[0][0] + 1: 100.0}, **GREEDY)
+    outs = llm.generate(prompts, [forced, SamplingParams(max_tokens=8, **GREEDY)])
+    assert outs[0].outputs[0].token_ids == [alone[0][0] + 1] * 8
+    assert outs[1].outputs[0].token_ids == alone[1]
+
+
 def test_too_long_and_invalid_prompts_are_rejected_up_front(llm):
     with pytest.raises(RequestError, match="by 1"):
         llm.generate([[5] * 1025], SamplingParams(max_tokens=1))
@@ -134,6 +144,8 @@ def test_too_long_and_invalid_prompts_are_rejected_up_front(llm):
         llm.generate([[49152]], SamplingParams(max_tokens=1))
     with pytest.raises(RequestError):
         llm.generate([[]], SamplingParams(max_tokens=1))
+    with pytest.raises(RequestError, match="logit_bias"):
+        llm.generate([[5]], SamplingParams(max_tokens=1, logit_bias={49152: 1.0}))
     assert all_free(llm)
 
 

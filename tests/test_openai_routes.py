@@ -304,6 +304,26 @@ async def test_token_id_prompts_and_batches(oai, engine):
     assert streamed == {i: c.text for i, c in enumerate(by_text.choices + second.choices)}
 
 
+async def test_logit_bias(oai, engine):
+    """OpenAI's logit_bias: +100 makes a token every greedy choice, -100 keeps the greedy one out, as the
+    engine's sampler gives them; the reported log-probabilities stay the model's (before the bias)."""
+    ids = engine.tokenizer("Once upon a time there was").input_ids
+    free = await engine_token_ids(engine, ids, max_tokens=6, ignore_eos=True)
+    forced = ids[1]
+    out = await oai.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0, logprobs=0,
+                                       logit_bias={str(forced): 100}, extra_body={"ignore_eos": True})
+    assert out.choices[0].text == engine.tokenizer.decode([forced] * 6, skip_special_tokens=True)
+    assert all(lp < -0.1 for lp in out.choices[0].logprobs.token_logprobs)  # ~0 had the bias been counted
+    banned = await engine_token_ids(engine, ids, max_tokens=6, ignore_eos=True, logit_bias={free[0]: -100})
+    assert banned[0] != free[0]
+    out = await oai.completions.create(model=MODEL, prompt=ids, max_tokens=6, temperature=0,
+                                       logit_bias={str(free[0]): -100}, extra_body={"ignore_eos": True})
+    assert out.choices[0].text == engine.tokenizer.decode(banned, skip_special_tokens=True)
+    chat = await oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=3, temperature=0,
+                                             logit_bias={str(forced): 100})
+    assert chat.choices[0].message.content == engine.tokenizer.decode([forced] * 3, skip_special_tokens=True)
+
+
 async def test_max_tokens_defaults_to_the_rest_of_the_window(http):
     r = await http.post("/v1/completions", json={"model": MODEL, "prompt": [5] * (MAX_LEN - 4), "ignore_eos": True,
                                                  "temperature": 0})
@@ -352,7 +372,9 @@ BAD_REQUESTS = [
     ("/chat/completions", {**CHAT, "presence_penalty": -3}, 400, "presence_penalty", "invalid_value"),
     ("/chat/completions", {**CHAT, "stream": "yes"}, 400, "stream", "invalid_type"),
     ("/chat/completions", {**CHAT, "stop": 5}, 400, "stop", "invalid_type"),
-    ("/chat/completions", {**CHAT, "logit_bias": {"5": 1.0}}, 400, "logit_bias", None),
+    ("/chat/completions", {**CHAT, "logit_bias": {"five": 1.0}}, 400, "logit_bias", None),
+    ("/chat/completions", {**CHAT, "logit_bias": {"5": 101}}, 400, "logit_bias", "invalid_value"),
+    ("/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"49152": 1}}, 400, "logit_bias", None),
     ("/chat/completions", {"messages": HELLO}, 400, "model", "missing_required_parameter"),
     ("/chat/completions", {"model": MODEL}, 400, "messages", "missing_required_parameter"),
     ("/chat/completions", {"model": MODEL, "messages": []}, 400, "messages", "invalid_value"),

@@ -166,7 +166,8 @@ def test_penalties_only_touch_their_rows():
 @pytest.mark.parametrize("bad", [
     dict(temperature=-1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2), dict(min_p=2.0),
     dict(repetition_penalty=0.0), dict(presence_penalty=3.0), dict(frequency_penalty=-3.0), dict(n=0),
-    dict(max_tokens=0), dict(logprobs=21), dict(temperature=math.nan),
+    dict(max_tokens=0), dict(logprobs=21), dict(temperature=math.nan), dict(logit_bias={1: 100.5}),
+    dict(logit_bias={-1: 1.0}), dict(logit_bias={1: math.nan}),
 ])
 def test_invalid_params_are_rejected(bad):
     with pytest.raises(ValueError):
@@ -183,6 +184,34 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached():
     # row 0 is still short of min_tokens: eos banned; row 1 reached it; row 2 ignores eos but bans stop id 2
     assert out.token_ids.tolist() == [2, 1, 1]
     assert torch.allclose(out.logprobs[0], torch.log_softmax(logits[0], -1)[2])  # logprobs stay the model's
+
+
+def test_logit_bias_is_added_to_its_rows_after_the_penalties_and_before_the_bans():
+    logits = torch.tensor([[2.0, 1.0, 0.0, 0.5]] * 4)
+    rows = rows_for([SamplingParams(temperature=0.0, logit_bias={2: 2.5}, logprobs=0),  # 0.0 + 2.5 beats 2.0
+                     SamplingParams(temperature=0.0, logit_bias={0: -100.0, 1: -0.75}),  # 0.25 < 0.5: token 3
+                     SamplingParams(temperature=0.0),  # no bias: its own argmax
+                     SamplingParams(temperature=0.0, presence_penalty=2.0, logit_bias={0: 1.5})],  # 2 - 2 + 1.5
+                    outputs=[[], [], [], [0]])
+    batch = SamplingBatch.from_rows(rows, 4, logits.device)
+    assert not batch.plain_greedy
+    out = sample(logits, batch)
+    assert out.token_ids.tolist() == [2, 3, 0, 0]
+    assert torch.allclose(out.logprobs[0], torch.log_softmax(logits[0], -1)[2])  # logprobs stay the model's
+    # a ban (min_tokens) wins over any bias
+    rows = rows_for([SamplingParams(temperature=0.0, min_tokens=1, logit_bias={1: 100.0})])
+    banned = sample(logits[:1], SamplingBatch.from_rows(rows, 4, logits.device, eos_token_ids=(1,)))
+    assert banned.token_ids.tolist() == [0]
+
+
+def test_logit_bias_shifts_the_sampled_distribution(logits):
+    params = SamplingParams(temperature=1.0, logit_bias={5: 3.0, 7: -100.0})
+    biased = logits[0].clone()
+    biased[5] += 3.0
+    biased[7] -= 100.0
+    freq = empirical(logits[0], params)
+    assert freq[7] == 0
+    assert (freq - torch.softmax(biased, -1)).abs().max() < 0.03
 
 
 def test_no_logprobs_are_computed_unless_asked():

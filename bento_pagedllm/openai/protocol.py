@@ -19,7 +19,7 @@ MAX_N = 128
 # serves everyone: long lists would slow all requests down. (OpenAI takes at most 4 stop strings.)
 MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 64
-
+MAX_LOGIT_BIAS = 300  # entries a request: OpenAI's limit (each costs host work every step it is sampled)
 
 
 def _integral_float_to_int(value: object) -> object:
@@ -28,6 +28,7 @@ def _integral_float_to_int(value: object) -> object:
 
 Int = Annotated[int, BeforeValidator(_integral_float_to_int)]  # NOTE: use it, not int, for every integer field
 Float = Annotated[float, Field(allow_inf_nan=False)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]  # SamplingParams.MAX_LOGIT_BIAS
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 PositiveInt = Annotated[Int, Field(ge=1)]
 TokenId = Annotated[Int, Field(ge=0)]
@@ -53,7 +54,8 @@ class _SamplingRequest(_Body):
     seed: Annotated[Int, Field(ge=-(1 << 63), lt=1 << 64)] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    logit_bias: dict[str, Float] | None = None  # accepted only when empty: not supported
+    # token id (a string, as OpenAI's; the route checks it against the vocabulary) -> bias
+    logit_bias: Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     user: str | None = None  # ignored
     stream: bool | None = False
     stream_options: StreamOptions | None = None

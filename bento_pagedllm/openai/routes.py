@@ -272,14 +272,13 @@ def _base_params(
     body: CompletionRequest | ChatCompletionRequest, engine: AsyncLLMEngine, *, logprobs: int | None
 ) -> SamplingParams:
     """The request's SamplingParams, `max_tokens` left to `_fit_context`."""
-    if body.logit_bias:
-        raise OpenAIError("logit_bias is not supported.", param="logit_bias")
     if body.stream_options is not None and not body.stream:
         raise OpenAIError("stream_options is only allowed when stream is true.", param="stream_options")
     vocab = engine.prompts.model_config.vocab_size
     stop_token_ids = body.stop_token_ids or []
     if any(t >= vocab for t in stop_token_ids):
         raise OpenAIError(f"stop_token_ids must be in [0, {vocab}).", param="stop_token_ids")
+    logit_bias = _logit_bias(body.logit_bias, vocab)
     try:
         return SamplingParams(
             n=body.n or 1,
@@ -297,9 +296,24 @@ def _base_params(
             stop_token_ids=stop_token_ids,
             ignore_eos=bool(body.ignore_eos),
             logprobs=logprobs,
+            logit_bias=logit_bias,
         )
     except ValueError as error:
         raise OpenAIError(str(error)) from None
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab: int) -> dict[int, float] | None:
+    """OpenAI's logit_bias (token ids as strings; the biases already bounded by the protocol) as token
+    id -> bias."""
+    if not bias:
+        return None
+    parsed = {}
+    for key, value in bias.items():
+        token = int(key) if key.strip().isdecimal() else -1
+        if not 0 <= token < vocab:
+            raise OpenAIError(f"logit_bias keys must be token ids in [0, {vocab}); got {key!r}.", param="logit_bias")
+        parsed[token] = value
+    return parsed
 
 
 def _default(value: T | None, default: T) -> T:
