@@ -16,8 +16,8 @@ class SamplingParams:
     `min_tokens`: end-of-sequence and `stop_token_ids` cannot be drawn before that many tokens (vLLM's
     meaning; stop strings still apply).
     `logit_bias`: token id -> a value in [-100, 100] added to that token's logit before sampling (OpenAI's
-    meaning: after the penalties; log-probabilities stay the model's). The token ids are checked against
-    the vocabulary where it is known (`PromptProcessor.validate_prompt`).
+    parameter), after the penalties; log-probabilities stay the model's own (vLLM's default). The token ids
+    are checked against the vocabulary where it is known (`PromptProcessor.validate_prompt`).
     """
 
     n: int = 1
