@@ -56,6 +56,15 @@ EPS = 1e-5
 
 
 @triton.jit
+def _wait_count(counter_ptr, expected):
+    """Spin until the counter reaches `expected` (acquire: what its producers stored before counting is
+    visible; read it with `.cg`)."""
+    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+    while seen < expected:
+        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
 def _grid_barrier(counter_ptr, target, SYNC: tl.constexpr):
     """Wait until `target` arrivals are counted (this program's included). NOTE: every thread's stores are
     ordered before the count by the CTA barrier and the release; readers load with `.cg` (L2), since an
@@ -63,10 +72,24 @@ def _grid_barrier(counter_ptr, target, SYNC: tl.constexpr):
     if SYNC:
         tl.debug_barrier()
         tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-        while seen < target:
-            seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        _wait_count(counter_ptr, target)
         tl.debug_barrier()
+
+
+@triton.jit
+def _store_rows(acc, acc_up, inv_rms, rows, row_mask, addend_ptr, out_ptr, SWIGLU: tl.constexpr, ADD: tl.constexpr):
+    """A row block's epilogue: its sums ([BLOCK_N, BLOCK_K] products) scaled by the norm, SwiGLU or the
+    residual added, stored."""
+    dtype = out_ptr.dtype.element_ty
+    out = tl.sum(acc, axis=1) * inv_rms  # [BLOCK_N]
+    if SWIGLU:
+        up_out = tl.sum(acc_up, axis=1) * inv_rms
+        out = silu_and_mul_tile(out.to(dtype).to(tl.float32), up_out.to(dtype).to(tl.float32), dtype)
+        out = out.to(tl.float32)
+    if ADD:  # NOTE: rounded as torch rounds both steps
+        out = out.to(dtype).to(tl.float32) + tl.load(addend_ptr + rows, mask=row_mask, other=0.0,
+                                                     cache_modifier=".cg").to(tl.float32)
+    tl.store(out_ptr + rows, out.to(dtype), mask=row_mask)
 
 
 @triton.jit
@@ -75,7 +98,6 @@ def _projection_phase(x_ptr, w_ptr, out_ptr, addend_ptr, norm_ptr, inv_rms, N, K
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOUBLE: tl.constexpr):
     """out[rows] = epilogue(prologue(x) @ W[rows]^T) for this program's row blocks (pid, pid + P, ...).
     The one-row kernel's arithmetic (kernels/gemv.py): float32 products summed once a block."""
-    dtype = out_ptr.dtype.element_ty
     for block in range(pid, tl.cdiv(N, BLOCK_N), num_programs):
         rows = block * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
         row_mask = rows < N
@@ -110,15 +132,7 @@ def _projection_phase(x_ptr, w_ptr, out_ptr, addend_ptr, norm_ptr, inv_rms, N, K
             acc += w.to(tl.float32) * x[None, :]
             if SWIGLU:
                 acc_up += up.to(tl.float32) * x[None, :]
-        out = tl.sum(acc, axis=1) * inv_rms  # [BLOCK_N]
-        if SWIGLU:
-            up_out = tl.sum(acc_up, axis=1) * inv_rms
-            out = silu_and_mul_tile(out.to(dtype).to(tl.float32), up_out.to(dtype).to(tl.float32), dtype)
-            out = out.to(tl.float32)
-        if ADD:  # NOTE: rounded as torch rounds both steps
-            out = out.to(dtype).to(tl.float32) + tl.load(addend_ptr + rows, mask=row_mask, other=0.0,
-                                                         cache_modifier=".cg").to(tl.float32)
-        tl.store(out_ptr + rows, out.to(dtype), mask=row_mask)
+        _store_rows(acc, acc_up, inv_rms, rows, row_mask, addend_ptr, out_ptr, SWIGLU, ADD)
 
 
 @triton.jit
@@ -163,15 +177,6 @@ def _mlp_layers_kernel(attn_ptr, xs_ptr, hs_ptr, acts_ptr, wo_ptr, wgu_ptr, wd_p
 
 
 @triton.jit
-def _wait_count(counter_ptr, expected):
-    """Spin until the counter reaches `expected` (acquire: what its producers stored before counting is
-    visible; read it with `.cg`)."""
-    seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-    while seen < expected:
-        seen = tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
-
-
-@triton.jit
 def _tile_blocks(tile, N, TILE: tl.constexpr, BLOCK_N: tl.constexpr):
     """How many BLOCK_N-row blocks produce the TILE elements of `tile` (the last tile may be short)."""
     return tl.cdiv(tl.minimum(N - tile * TILE, TILE), BLOCK_N)
@@ -179,14 +184,13 @@ def _tile_blocks(tile, N, TILE: tl.constexpr, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _dataflow_phase(x_ptr, x_counts, x_len, w_ptr, out_ptr, out_counts, addend_ptr, addend_counts, norm_ptr,
-                    N, K, eps, pid, num_programs, NORM: tl.constexpr, SWIGLU: tl.constexpr,
+                    N, K, eps, pid, num_programs, NORM: tl.constexpr, SWIGLU: tl.constexpr, ADD: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, W_FIRST: tl.constexpr):
     """`_projection_phase` without a barrier before it: a program waits only for the input tiles it is
     about to read (x_counts[t]: the producer's blocks done in tile t of BLOCK_K elements; x_len: the
     input's length, = K) and, before adding, for the addend tile of its rows; after storing its rows it
     counts them in out_counts. A bitmask remembers the input tiles already seen complete, so a program
     polls each at most once a phase. NOTE: every vector here is tiled by BLOCK_K, which BLOCK_N divides."""
-    dtype = out_ptr.dtype.element_ty
     ready = 0  # bit t: input tile t seen complete
     for block in range(pid, tl.cdiv(N, BLOCK_N), num_programs):
         rows = block * BLOCK_N + tl.arange(0, BLOCK_N)  # [BLOCK_N]
@@ -221,17 +225,10 @@ def _dataflow_phase(x_ptr, x_counts, x_len, w_ptr, out_ptr, out_counts, addend_p
         inv_rms = 1.0
         if NORM:
             inv_rms = tl.rsqrt(tl.sum(squares) / K + eps)
-        out = tl.sum(acc, axis=1) * inv_rms  # [BLOCK_N]
-        if SWIGLU:
-            up_out = tl.sum(acc_up, axis=1) * inv_rms
-            out = silu_and_mul_tile(out.to(dtype).to(tl.float32), up_out.to(dtype).to(tl.float32), dtype)
-            out = out.to(tl.float32)
         out_tile = block * BLOCK_N // BLOCK_K
-        if not SWIGLU:  # NOTE: o and down add the residual stream: its tile of these rows must be complete
+        if ADD:  # NOTE: o and down add the residual stream: its tile of these rows must be complete
             _wait_count(addend_counts + out_tile, _tile_blocks(out_tile, N, BLOCK_K, BLOCK_N))
-            out = out.to(dtype).to(tl.float32) + tl.load(addend_ptr + rows, mask=row_mask, other=0.0,
-                                                         cache_modifier=".cg").to(tl.float32)
-        tl.store(out_ptr + rows, out.to(dtype), mask=row_mask)
+        _store_rows(acc, acc_up, inv_rms, rows, row_mask, addend_ptr, out_ptr, SWIGLU, ADD)
         tl.debug_barrier()  # NOTE: every thread's stores before the count
         tl.atomic_add(out_counts + out_tile, 1, sem="release", scope="gpu")
 
@@ -259,11 +256,11 @@ def _dataflow_layers_kernel(attn_ptr, xs_ptr, hs_ptr, acts_ptr, wo_ptr, wgu_ptr,
         wgu = wgu_ptr + layer * 2 * INTER * HIDDEN
         wd = wd_ptr + layer * HIDDEN * INTER
         _dataflow_phase(attn_ptr, counts_ptr, HIDDEN, wo, h_ptr, h_counts, x_ptr, x_counts, norm_ptr,
-                        HIDDEN, HIDDEN, eps, pid, num_programs, False, False, BLOCK_N, BLOCK_K, W_FIRST)
+                        HIDDEN, HIDDEN, eps, pid, num_programs, False, False, True, BLOCK_N, BLOCK_K, W_FIRST)
         _dataflow_phase(h_ptr, h_counts, HIDDEN, wgu, act_ptr, act_counts, x_ptr, x_counts, norm_ptr,
-                        INTER, HIDDEN, eps, pid, num_programs, True, True, BLOCK_N, BLOCK_K, W_FIRST)
+                        INTER, HIDDEN, eps, pid, num_programs, True, True, False, BLOCK_N, BLOCK_K, W_FIRST)
         _dataflow_phase(act_ptr, act_counts, INTER, wd, xs_ptr + (layer + 1) * HIDDEN, next_x_counts, h_ptr,
-                        h_counts, norm_ptr, HIDDEN, INTER, eps, pid, num_programs, False, False, BLOCK_N, BLOCK_K,
+                        h_counts, norm_ptr, HIDDEN, INTER, eps, pid, num_programs, False, False, True, BLOCK_N, BLOCK_K,
                         W_FIRST)
 
 
