@@ -89,7 +89,12 @@ async def run_soak(plan: SoakPlan) -> SoakTally:
     """Run the clients until the deadline; every request in flight at the deadline still runs to its end."""
     tally = SoakTally()
     bad = iter(range(10**9))
-    limits = httpx.Limits(max_connections=plan.clients * 2, max_keepalive_connections=plan.clients)
+    # NOTE: idle pooled connections are dropped after 2 s, before the server's keep-alive timeout (uvicorn's 5 s,
+    # httpx's default expiry too): at equal timeouts a client could send on a connection the server was closing
+    # and get a ReadError before any response (a lost request in a 40 s soak, 2026-12-03), a race of the pool,
+    # not of the server, which OpenAI's clients retry and this one does not
+    limits = httpx.Limits(max_connections=plan.clients * 2, max_keepalive_connections=plan.clients,
+                          keepalive_expiry=2.0)
     timeout = httpx.Timeout(connect=30, read=plan.request_timeout_s + 90, write=30, pool=60)
     async with httpx.AsyncClient(base_url=plan.url + "/v1", headers={"Authorization": f"Bearer {plan.api_key}"},
                                  limits=limits, timeout=timeout) as client:
