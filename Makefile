@@ -54,10 +54,10 @@ bench-cpu: $(STAMP)
 	$(BIN)/python bench/cpu_decode.py
 
 # The packages the lent GPU machine lacks (Python 3.12, no internet), as wheels for bench/h200_session.sh
-# to install there: .whl/ (gguf and the pytest plugins) and .whl-bento/ (bentoml and its dependencies,
+# to install there: .whl/ (gguf, llguidance and the pytest plugins) and .whl-bento/ (bentoml and its dependencies,
 # for `bentoml serve`). Pinned lists: bench/gpu_wheels/.
 GPU_WHEEL_ARGS := --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-	$(foreach p,manylinux_2_28 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1,--platform $(p)_x86_64)
+	$(foreach p,manylinux_2_31 manylinux_2_28 manylinux_2_17 manylinux2014 manylinux_2_5 manylinux1,--platform $(p)_x86_64)
 gpu-wheels:
 	$(PYTHON) -m pip download -q $(GPU_WHEEL_ARGS) -d .whl -r bench/gpu_wheels/tools.txt
 	$(PYTHON) -m pip download -q $(GPU_WHEEL_ARGS) -d .whl-bento -r bench/gpu_wheels/bento.txt

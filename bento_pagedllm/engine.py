@@ -30,6 +30,7 @@ from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Request, Sequence, TokenLogprob
 from .prompts import PromptProcessor, PromptType, RequestError
+from .structured_output import GrammarMatchers, advance
 from .tokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ class LLMEngine:
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
         self.runner.eos_token_ids = tuple(sorted(self.eos_token_ids))
+        self.grammars = GrammarMatchers(self.tokenizer, self.model_config.vocab_size, self.runner.eos_token_ids)
         # A test hook (see faults.py) called with each sampled token before it is appended; what it raises
         # fails that token's request alone.
         self.token_hook: TokenHook | None = None
@@ -180,6 +182,11 @@ class LLMEngine:
         self.validate_prompt(ids, params)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, mix_seed(seed, 0))
+        if params.structured_outputs is not None:
+            try:
+                request.seqs[0].grammar = self.grammars.matcher(params.structured_outputs)
+            except ValueError as error:
+                raise RequestError(str(error)) from None
         self.requests[request_id] = request
         self.scheduler.add_request(request)
         return request
@@ -328,11 +335,16 @@ class LLMEngine:
             reason = "stop"
         elif token.token_id in params.stop_token_ids:
             reason, stop_reason = "stop", token.token_id
+        # NOTE: the grammar is complete when it takes no more tokens (only end-of-sequence would come):
+        # the sequence stops after this token's text
+        complete = reason is None and seq.grammar is not None and advance(seq.grammar, token.token_id)
         detok = self._detokenizer(seq)
         if detok is not None and reason is None:
             matched = detok.add_tokens([token.token_id])
             if matched is not None:
                 reason, stop_reason = "stop", matched
+        if complete and reason is None:
+            reason = "stop"
         if reason is None and (
             (params.max_tokens is not None and seq.num_known_output_tokens >= params.max_tokens)
             or seq.num_known_tokens >= self.configs.scheduler.max_model_len

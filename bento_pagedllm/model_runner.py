@@ -375,9 +375,9 @@ class LaunchedStep:
 
     @property
     def needs_token_history(self) -> bool:
-        """Some row's next step reads its full token history on the host (penalties): the engine must
-        read this step's tokens before it plans the next one."""
-        return any(row.params.uses_penalties for row in self.plan.sampling_rows)
+        """Some row's next step reads its token history on the host (penalties, a grammar's mask): the
+        engine must read this step's tokens before it plans the next one."""
+        return any(row.params.reads_history for row in self.plan.sampling_rows)
 
 
 @dataclass

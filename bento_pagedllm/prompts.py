@@ -58,3 +58,5 @@ class PromptProcessor:
             raise RequestError(f"n must be at most {max_num_seqs}, the sequences this engine runs at once")
         if params.stop_strings and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer")
+        if params.structured_outputs is not None and self.tokenizer is None:
+            raise RequestError("structured outputs need a tokenizer")

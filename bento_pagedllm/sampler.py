@@ -1,7 +1,7 @@
 """Batched sampling on the logits' device: one set of tensor operations for every row, no per-row loop.
 
 Order of operations (as vLLM and transformers apply them): penalties on the raw logits, then each row's
-logit bias (OpenAI's), then the min-tokens bans; greedy rows take the argmax; the others are divided by
+logit bias (OpenAI's), then the min-tokens bans and the grammars' masks (structured outputs); greedy rows take the argmax; the others are divided by
 their temperature, filtered by min-p, top-k and top-p, and drawn with the exponential-race trick
 (`argmax(p / E)`, E ~ Exp(1)), which equals sampling from p.
 
@@ -19,6 +19,7 @@ import torch
 
 from .scheduler import SamplingRow
 from .sequence import TokenLogprob
+from .structured_output import allowed_token_masks, mask_disallowed
 from .transfer import to_device
 
 _MASK64 = (1 << 64) - 1
@@ -77,6 +78,7 @@ class SamplingBatch:
     num_logprobs: int  # top alternatives to return (max over rows), -1 when no row asks
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) that must not be drawn
     bias: tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # ((rows, token ids), values)
+    allowed: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows [k], their grammars' bitmasks [k, vocab / 32])
     temperature: torch.Tensor | None = None  # [rows] float32, 1.0 for greedy rows
     top_p: torch.Tensor | None = None  # [rows] float32
     min_p: torch.Tensor | None = None  # [rows] float32
@@ -87,9 +89,10 @@ class SamplingBatch:
 
     @property
     def plain_greedy(self) -> bool:
-        """Every row takes its argmax of the raw logits: no penalty, bias, ban or log-probability to compute."""
+        """Every row takes its argmax of the raw logits: no penalty, bias, ban, grammar or log-probability to
+        compute."""
         return (self.all_greedy and self.penalties is None and self.bias is None and self.banned is None
-                and self.num_logprobs < 0)
+                and self.allowed is None and self.num_logprobs < 0)
 
     @classmethod
     def from_rows(cls, rows: tuple[SamplingRow, ...], vocab_size: int, device: torch.device,
@@ -109,6 +112,7 @@ class SamplingBatch:
             num_logprobs=max(asked) if asked else -1,
             banned=_min_tokens_bans(rows, eos_token_ids, vocab_size, device),
             bias=_logit_biases(rows, device),
+            allowed=_grammar_masks(rows, vocab_size, device),
         )
         if flags["all_greedy"]:
             return cls(**flags)
@@ -125,7 +129,8 @@ def _min_tokens_bans(rows, eos_token_ids, vocab_size, device):
     """(row, token) pairs that may not be drawn yet: end-of-sequence and stop ids before min_tokens."""
     pairs = []
     for i, row in enumerate(rows):
-        if row.output_position < row.params.min_tokens:
+        # NOTE: not under a grammar, which decides where the output ends (a ban could leave no token allowed)
+        if row.output_position < row.params.min_tokens and row.grammar is None:
             ids = set(row.params.stop_token_ids) | (set() if row.params.ignore_eos else set(eos_token_ids))
             pairs += [(i, t) for t in sorted(ids) if 0 <= t < vocab_size]
     if not pairs:
@@ -144,6 +149,15 @@ def _logit_biases(rows, device):
     index = to_device(torch.tensor([[i for i, _, _ in entries], [t for _, t, _ in entries]], dtype=torch.int64),
                       device)
     return (index[0], index[1]), to_device(torch.tensor([b for _, _, b in entries], dtype=torch.float32), device)
+
+
+def _grammar_masks(rows, vocab_size, device):
+    """(rows, bitmasks) of the rows under a grammar (structured outputs), or None when no row is."""
+    constrained = [i for i, row in enumerate(rows) if row.grammar is not None]  # NOTE: every step: cheap
+    if not constrained:
+        return None
+    masks = allowed_token_masks([rows[i].grammar for i in constrained], vocab_size)
+    return to_device(torch.tensor(constrained, dtype=torch.int64), device), to_device(masks, device)
 
 
 @dataclass(frozen=True)
@@ -258,6 +272,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, out: torch.Tensor | None 
         logits = logits.index_put(index, values, accumulate=True)
     if batch.banned is not None:
         logits = logits.index_put(batch.banned, torch.tensor(float("-inf"), device=logits.device))
+    if batch.allowed is not None:
+        logits = mask_disallowed(logits, *batch.allowed)
     tokens = logits.argmax(dim=-1)
     if not batch.all_greedy:
         scaled = logits / batch.temperature[:, None]

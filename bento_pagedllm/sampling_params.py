@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .structured_output import StructuredOutputs
+
 
 @dataclass
 class SamplingParams:
@@ -18,6 +20,8 @@ class SamplingParams:
     `logit_bias`: token id -> a value in [-100, 100] added to that token's logit before sampling (OpenAI's
     parameter), after the penalties; log-probabilities stay the model's own (vLLM's default). The token ids
     are checked against the vocabulary where it is known (`PromptProcessor.validate_prompt`).
+    `structured_outputs`: the output must match a JSON Schema, a regular expression, a choice or a grammar
+    (structured_output.py); min_tokens does not ban the end of such an output: the grammar decides it.
     """
 
     n: int = 1
@@ -38,6 +42,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     MAX_LOGPROBS = 20
     MAX_LOGIT_BIAS = 100.0
@@ -83,6 +88,11 @@ class SamplingParams:
         self.uses_penalties = (
             self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
         )
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
+            raise ValueError("structured_outputs must be a StructuredOutputs")
+        # the next token's sampling depends on the tokens sampled so far, read on the host (penalties count
+        # them, a grammar's mask follows them): a step sampling such a row is read before the next is planned
+        self.reads_history = self.uses_penalties or self.structured_outputs is not None
 
     @property
     def greedy(self) -> bool:

@@ -53,6 +53,10 @@ class SamplingRow(NamedTuple):
     output_position: int
     prompt_token_ids: tuple[int, ...] = ()
     output_token_ids: tuple[int, ...] = ()
+    # the sequence's grammar matcher (structured outputs), or None. NOTE: the engine advances it as it
+    # reads tokens, and reads every step that samples the sequence before planning the next, so at
+    # sampling time it stands where the row's tokens end
+    grammar: object = None
 
 
 @dataclass(frozen=True)
@@ -286,4 +290,5 @@ def _sampling_row(seq: Sequence, logits_index: int) -> SamplingRow:
         output_position=seq.num_output_tokens,
         prompt_token_ids=tuple(seq.token_ids[: seq.num_prompt_tokens]) if penalties else (),
         output_token_ids=tuple(seq.output_token_ids) if penalties else (),
+        grammar=seq.grammar,
     )

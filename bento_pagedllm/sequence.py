@@ -12,9 +12,12 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
 
 
 PENDING_TOKEN = -1  # a step input whose id is still on the device (see Sequence.num_pending)
@@ -62,6 +65,9 @@ class Sequence:
         self.cumulative_logprob: float | None = 0.0 if request.params.logprobs is not None else None
         self.logprobs: list[TokenLogprob] = []
         self.num_preemptions = 0
+        # structured outputs: the grammar's matcher (structured_output.py), advanced by each token the
+        # engine appends; None for unconstrained sequences. NOTE: the engine sets it for choice 0; forks copy it
+        self.grammar: "LLMatcher | None" = None
 
     # NOTE: the read-only views below are the only way other rooms see the tokens. `token_ids` and
     # `output_token_ids` hold the known tokens; the counts include the pending ones (the scheduler's view).
@@ -119,6 +125,7 @@ class Sequence:
         child.block_hashes = list(self.block_hashes)
         child.num_named_blocks = self.num_named_blocks
         child.status = self.status
+        child.grammar = self.grammar.deep_copy() if self.grammar is not None else None
         return child
 
     def __repr__(self) -> str:

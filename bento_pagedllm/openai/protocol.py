@@ -9,7 +9,7 @@ from these models (schema.py), and the tests fuzz the server against it.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
@@ -42,6 +42,30 @@ class StreamOptions(_Body):
     include_usage: bool | None = False
 
 
+class JsonSchemaFormat(_Body):
+    """response_format.json_schema (OpenAI's structured outputs)."""
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # NOTE: `schema` is BaseModel's
+    strict: bool | None = None  # the schema is always enforced
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsParams(_Body):
+    """vLLM's `structured_outputs` extension: exactly one of these (structured_output.py)."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")  # a JSON Schema
+    regex: str | None = None
+    choice: Annotated[list[str], Field(min_length=1)] | None = None
+    grammar: str | None = None  # Lark
+    json_object: bool | None = None
+
+
 class _SamplingRequest(_Body):
     """What completions and chat completions share."""
 
@@ -66,6 +90,9 @@ class _SamplingRequest(_Body):
     ignore_eos: bool | None = False
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     min_tokens: Annotated[Int, Field(ge=0)] | None = 0
+    structured_outputs: StructuredOutputsParams | None = None
+    # OpenAI's; the completions endpoint takes it too, as vLLM's does
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -99,7 +126,8 @@ class ChatCompletionRequest(_SamplingRequest):
 
 
 FIELD_NAMES: frozenset[str] = frozenset(
-    name
-    for model in (StreamOptions, CompletionRequest, TextContentPart, ChatMessage, ChatCompletionRequest)
-    for name in model.model_fields
+    field.alias or name
+    for model in (StreamOptions, CompletionRequest, TextContentPart, ChatMessage, ChatCompletionRequest,
+                  ResponseFormat, JsonSchemaFormat, StructuredOutputsParams)
+    for name, field in model.model_fields.items()
 )

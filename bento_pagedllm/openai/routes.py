@@ -15,6 +15,7 @@ ones included, sits behind the API key when one is set (auth.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -39,6 +40,7 @@ from ..async_engine import (
 )
 from ..engine import RequestError
 from ..sampling_params import SamplingParams
+from ..structured_output import StructuredOutputs
 from . import errors
 from .auth import APIKeyMiddleware
 from .errors import OpenAIError
@@ -279,6 +281,7 @@ def _base_params(
     if any(t >= vocab for t in stop_token_ids):
         raise OpenAIError(f"stop_token_ids must be in [0, {vocab}).", param="stop_token_ids")
     logit_bias = _logit_bias(body.logit_bias, vocab)
+    structured_outputs = _structured_outputs(body)
     try:
         return SamplingParams(
             n=body.n or 1,
@@ -297,9 +300,40 @@ def _base_params(
             ignore_eos=bool(body.ignore_eos),
             logprobs=logprobs,
             logit_bias=logit_bias,
+            structured_outputs=structured_outputs,
         )
     except ValueError as error:
         raise OpenAIError(str(error)) from None
+
+
+def _structured_outputs(body: CompletionRequest | ChatCompletionRequest) -> StructuredOutputs | None:
+    """OpenAI's `response_format` or vLLM's `structured_outputs` (not both) as the engine's constraint;
+    a schema, expression or grammar that does not parse is a 400 with the parser's message."""
+    fmt, extension = body.response_format, body.structured_outputs
+    if fmt is not None and fmt.type != "text":
+        if extension is not None:
+            raise OpenAIError("Give response_format or structured_outputs, not both.", param="structured_outputs")
+        if fmt.type == "json_object":
+            return _constraint("response_format", json_object=True)
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise OpenAIError("response_format of type json_schema needs json_schema.schema.",
+                              param="response_format")
+        return _constraint("response_format", json=json.dumps(fmt.json_schema.schema_))
+    if extension is None:
+        return None
+    schema = extension.json_
+    return _constraint(
+        "structured_outputs", json=schema if schema is None or isinstance(schema, str) else json.dumps(schema),
+        json_object=bool(extension.json_object), regex=extension.regex,
+        choice=None if extension.choice is None else tuple(extension.choice), grammar=extension.grammar,
+    )
+
+
+def _constraint(param: str, **fields: Any) -> StructuredOutputs:
+    try:
+        return StructuredOutputs(**fields)
+    except ValueError as error:
+        raise OpenAIError(f"Invalid {param}: {error}", param=param) from None
 
 
 def _logit_bias(bias: dict[str, float] | None, vocab: int) -> dict[int, float] | None:
