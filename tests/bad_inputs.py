@@ -120,6 +120,19 @@ def bad_inputs(model: str, *, max_body_bytes: int, vocab_size: int, model_path: 
         BadInput("logit_bias token out of vocabulary", "/chat/completions",
                  chat_with(logit_bias={str(vocab_size): 1.0}), 400),
         BadInput("logit_bias value beyond 100", "/chat/completions", chat_with(logit_bias={"5": 1e9}), 400),
+        # structured outputs that do not parse, or ask for two things at once
+        BadInput("response_format schema not a schema", "/chat/completions", chat_with(response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 12}}}), 400),
+        BadInput("response_format json_schema without schema", "/chat/completions",
+                 chat_with(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), 400),
+        BadInput("structured_outputs regex that does not parse", "/completions",
+                 completion_with(structured_outputs={"regex": "a(b"}), 400),
+        BadInput("structured_outputs grammar that does not parse", "/completions",
+                 completion_with(structured_outputs={"grammar": "start: ((("}), 400),
+        BadInput("structured_outputs with two constraints", "/completions",
+                 completion_with(structured_outputs={"regex": "a", "choice": ["a"]}), 400),
+        BadInput("response_format and structured_outputs", "/chat/completions",
+                 chat_with(response_format={"type": "json_object"}, structured_outputs={"regex": "a"}), 400),
         # unsupported parameters
         BadInput("suffix", "/completions", completion_with(suffix="y"), 400),
         BadInput("echo with logprobs", "/completions", completion_with(echo=True, logprobs=1), 400),

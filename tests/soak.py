@@ -1,10 +1,10 @@
 """The soak's clients: `clients` concurrent streaming clients that send requests until a deadline, each request
 one of several behaviours, and check that every one ends with a complete answer or a clean error.
 
-Behaviours: stream to the end (chat or completions, greedy or sampled, n of 1 or 2, some with a logit_bias), a
-non-streamed request, leave before the first token, leave mid-stream, leave at the last chunk, a request the
-server's fault hook fails (its `seed`), a request too long for the server's time limit, and a hand-written bad
-input. A 503 (backpressure) is a clean answer too: the client waits for Retry-After and goes on.
+Behaviours: stream to the end (chat or completions, greedy or sampled, n of 1 or 2, some with a logit_bias or
+a grammar), a non-streamed request, leave before the first token, leave mid-stream, leave at the last chunk, a
+request the server's fault hook fails (its `seed`), a request too long for the server's time limit, and a
+hand-written bad input. A 503 (backpressure) is a clean answer too: the client waits for Retry-After and goes on.
 
 A request is *lost* when it ends any other way: a transport error, a malformed or truncated stream, an
 unexpected status or error, a hang. The soak's test asserts that none is.
@@ -146,6 +146,11 @@ def _request(behaviour: Behaviour, rng: random.Random, plan: SoakPlan) -> tuple[
         body["n"] = 2
     if rng.random() < 0.1:  # OpenAI's logit_bias: a few tokens of SmolLM2's vocabulary pushed or kept out
         body["logit_bias"] = {str(rng.randrange(49152)): rng.choice([-100, -5, 5, 100]) for _ in range(3)}
+    # structured outputs (each token under a grammar's mask; the grammar may end the answer after a token or
+    # two, so only where the behaviour does not need a long one)
+    if behaviour in (Behaviour.COMPLETE, Behaviour.NON_STREAMED) and rng.random() < 0.1:
+        body["structured_outputs"] = {"choice": ["yes", "no", "maybe"]} if rng.random() < 0.5 else {
+            "regex": "[a-z]{1,8}( [a-z]{1,8}){0,3}"}
     if behaviour is Behaviour.NON_STREAMED:
         body["stream"] = False
         del body["stream_options"]

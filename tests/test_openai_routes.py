@@ -8,6 +8,8 @@ mid-stream) is tested by calling the ASGI app directly and once over a real sock
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 
 import httpx
 import openai
@@ -324,6 +326,43 @@ async def test_logit_bias(oai, engine):
     assert chat.choices[0].message.content == engine.tokenizer.decode([forced] * 3, skip_special_tokens=True)
 
 
+PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
+                                                "age": {"type": "integer", "minimum": 0, "maximum": 150}},
+                 "required": ["name", "age"], "additionalProperties": False}
+
+
+async def test_structured_outputs(oai, engine):
+    """OpenAI's response_format (json_schema, json_object) and vLLM's structured_outputs (regex, choice,
+    grammar) through the `openai` client, on a model with random weights: every answer fits, streamed text
+    equals the non-streamed text, and n choices each fit."""
+    person = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA, "strict": True}}
+    chat = await oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=60, temperature=0,
+                                             response_format=person)
+    text = chat.choices[0].message.content
+    value = json.loads(text)
+    assert set(value) == {"name", "age"} and isinstance(value["age"], int) and len(value["name"]) <= 10
+    assert chat.choices[0].finish_reason == "stop"
+    stream = await oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=60, temperature=0,
+                                               response_format=person, stream=True)
+    assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices]) == text
+    sampled = await oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=60, temperature=1, n=3,
+                                                seed=4, response_format={"type": "json_object"})
+    for choice in sampled.choices:  # NOTE: any object: a random model may still be inside a string at max_tokens
+        text = choice.message.content
+        assert isinstance(json.loads(text), dict) if choice.finish_reason == "stop" else text.startswith("{")
+    for extension, fits in [({"regex": "[0-9]{3}-[0-9]{4}"}, lambda t: re.fullmatch("[0-9]{3}-[0-9]{4}", t)),
+                            ({"choice": ["red", "green"]}, lambda t: t in ("red", "green")),
+                            ({"grammar": 'start: "x" ("+" "x")*'}, lambda t: re.fullmatch(r"x(\+x)*", t))]:
+        out = await oai.completions.create(model=MODEL, prompt="Answer:", max_tokens=40, temperature=1, seed=1,
+                                           n=2, extra_body={"structured_outputs": extension})
+        assert all(fits(c.text) and c.finish_reason == "stop" for c in out.choices), (extension, out.choices)
+    plain = await oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, temperature=0,
+                                              response_format={"type": "text"})
+    assert plain.choices[0].message.content == engine.tokenizer.decode(
+        await engine_token_ids(engine, apply_chat_template(engine.tokenizer, HELLO), max_tokens=5),
+        skip_special_tokens=True)
+
+
 async def test_max_tokens_defaults_to_the_rest_of_the_window(http):
     r = await http.post("/v1/completions", json={"model": MODEL, "prompt": [5] * (MAX_LEN - 4), "ignore_eos": True,
                                                  "temperature": 0})
@@ -393,6 +432,22 @@ BAD_REQUESTS = [
     ("/completions", {"model": MODEL, "prompt": "x", "suffix": "y"}, 400, "suffix", None),
     ("/completions", {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", None),
     ("/completions", {"model": MODEL, "prompt": "x", "min_tokens": 5, "max_tokens": 2}, 400, "min_tokens", None),
+    ("/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400, "response_format.type", "invalid_value"),
+    ("/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, 400, "response_format", None),
+    ("/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "objectx"}}}}, 400, "response_format", None),
+    ("/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}},
+     400, "response_format.json_schema.schema", "invalid_type"),
+    ("/chat/completions", {**CHAT, "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+     400, "structured_outputs", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "structured_outputs": {"regex": "(a"}}, 400,
+     "structured_outputs", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "structured_outputs": {"choice": []}}, 400,
+     "structured_outputs.choice", "invalid_value"),
+    ("/completions", {"model": MODEL, "prompt": "x", "structured_outputs": {"regex": "a", "grammar": "start: \"a\""}},
+     400, "structured_outputs", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "structured_outputs": {"grammar": "start: nothing"}}, 400,
+     "structured_outputs", None),
     ("/completions", {"model": "gpt-4o", "prompt": "x"}, 404, None, "model_not_found"),
     ("/chat/completions", {"model": "gpt-4o", "messages": HELLO}, 404, None, "model_not_found"),
 ]

@@ -8,6 +8,7 @@ import time
 
 import httpx
 import openai
+import pydantic
 import pytest
 from server_helpers import API_KEY, MODEL
 
@@ -70,6 +71,31 @@ def test_n_stop_seed_logprobs(client):
     content = lp.choices[0].logprobs.content
     assert len(content) == 5 and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
     assert content[0].top_logprobs[0].logprob == pytest.approx(content[0].logprob)
+
+
+class City(pydantic.BaseModel):
+    """What `client.chat.completions.parse` asks for: OpenAI's strict JSON schema of a pydantic model."""
+
+    city: str = pydantic.Field(max_length=30)
+    country: str = pydantic.Field(max_length=30)
+    population_millions: float
+
+
+def test_structured_outputs_through_the_openai_sdk(client):
+    """The SDK's structured-output helper sends the pydantic model as response_format's json_schema and
+    parses the answer back into it; vLLM's `structured_outputs` extension picks from a list (SmolLM2 knows
+    this one)."""
+    asked = [{"role": "user", "content": "Which city is the capital of France? Answer as JSON."}]
+    parsed = client.chat.completions.parse(model=MODEL, messages=asked, temperature=0, max_tokens=80,
+                                           response_format=City)
+    answer = parsed.choices[0].message.parsed
+    assert isinstance(answer, City) and parsed.choices[0].finish_reason == "stop"
+    # NOTE: whole sentences: a bare "London" would win on its first token "L", the model's second choice
+    # after "The" (constrained greedy decoding picks the best allowed token, not the best whole answer)
+    sentences = [f"The capital of France is {city}." for city in ("London", "Paris", "Berlin")]
+    choice = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=20,
+                                            extra_body={"structured_outputs": {"choice": sentences}})
+    assert choice.choices[0].message.content == sentences[1] and choice.choices[0].finish_reason == "stop"
 
 
 def test_32_concurrent_streams_are_independent(server):
