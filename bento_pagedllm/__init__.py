@@ -5,6 +5,7 @@ from .config import EngineArgs
 from .engine import LLM, LLMEngine, RequestError
 from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
+from .structured_output import StructuredOutputs
 
 __all__ = [
     "AsyncLLMEngine",
@@ -15,4 +16,5 @@ __all__ = [
     "RequestError",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputs",
 ]

@@ -31,10 +31,11 @@ class PromptProcessor:
             return encode_prompt(self.tokenizer, prompt)
         return list(prompt)
 
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
+    def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The chat rendered by the model's template; `tools` (OpenAI's form) go to the template too."""
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer, so no chat template")
-        return apply_chat_template(self.tokenizer, messages)
+        return apply_chat_template(self.tokenizer, messages, tools=tools)
 
     def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
         """Raise `RequestError` for a request the engine could not serve."""

@@ -31,7 +31,8 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 
 def apply_chat_template(
-    tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool = True
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool = True,
+    tools: list[dict] | None = None,
 ) -> list[int]:
     """Token ids of a chat rendered with the model's chat template.
 
@@ -39,7 +40,7 @@ def apply_chat_template(
     mapping, so callers always get `list[int]`.
     """
     ids = tokenizer.apply_chat_template(
-        messages, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+        messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
     )
     if isinstance(ids, Mapping):
         ids = ids["input_ids"]

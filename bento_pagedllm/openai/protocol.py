@@ -20,6 +20,7 @@ MAX_N = 128
 MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 300  # entries a request: OpenAI's limit (each costs host work every step it is sampled)
+MAX_TOOLS = 128  # OpenAI's limit
 
 
 def _integral_float_to_int(value: object) -> object:
@@ -110,10 +111,46 @@ class TextContentPart(_Body):
     text: str
 
 
+class ToolCallFunction(_Body):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(_Body):
+    """A tool call the assistant made earlier in the conversation."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's
+    tool_call_id: str | None = None  # a tool's answer: to which call
+
+
+class FunctionDefinition(_Body):
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON Schema of the arguments object
+    strict: bool | None = None  # the arguments always match the schema when the server constrains them
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -123,11 +160,15 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: PositiveInt | None = None
     logprobs: bool | None = False
     top_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 FIELD_NAMES: frozenset[str] = frozenset(
     field.alias or name
     for model in (StreamOptions, CompletionRequest, TextContentPart, ChatMessage, ChatCompletionRequest,
-                  ResponseFormat, JsonSchemaFormat, StructuredOutputsParams)
+                  ResponseFormat, JsonSchemaFormat, StructuredOutputsParams, ToolCall, ToolCallFunction,
+                  FunctionDefinition, Tool, NamedFunction, NamedToolChoice)
     for name, field in model.model_fields.items()
 )

@@ -48,6 +48,7 @@ from .formats import ChatFormat, CompletionFormat, Prompt, token_texts
 from .protocol import FIELD_NAMES, ChatCompletionRequest, CompletionRequest
 from .responses import Job, respond
 from .schema import openapi_document
+from .tools import ToolCallFormat, plan_tools, template_message
 
 try:
     from jinja2 import TemplateError
@@ -215,20 +216,31 @@ class _Server:
         engine = self._engine_for(body.model)
         if body.top_logprobs is not None and not body.logprobs:
             raise OpenAIError("logprobs must be true when top_logprobs is set.", param="top_logprobs")
-        messages = _chat_messages(body)
+        messages = [template_message(message) for message in body.messages]
+        tools = plan_tools(body)
+        if tools is not None and body.logprobs:
+            raise OpenAIError("logprobs are not supported with tools (tool_choice \"none\" allows them).",
+                              param="logprobs")
+        template_tools = tools.template_tools() if tools is not None else None
         try:
             if len(messages) > MANY_MESSAGES or sum(len(m["content"]) for m in messages) > LONG_INPUT_CHARS:
-                ids = await asyncio.to_thread(engine.prompts.chat_prompt_ids, messages)
+                ids = await asyncio.to_thread(engine.prompts.chat_prompt_ids, messages, template_tools)
             else:
-                ids = engine.prompts.chat_prompt_ids(messages)
+                ids = engine.prompts.chat_prompt_ids(messages, template_tools)
         except TemplateError as error:
             raise OpenAIError(f"The chat template rejected the messages: {error}", param="messages") from None
         prompts = [Prompt(ids, None)]
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         base = _base_params(body, engine, logprobs=logprobs)
+        if tools is not None and (constraint := tools.constraint()) is not None:
+            if base.structured_outputs is not None:
+                raise OpenAIError("A tool_choice that forces a call cannot be combined with response_format or "
+                                  "structured_outputs.", param="tool_choice")
+            base = replace(base, structured_outputs=constraint)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         job = _job("chatcmpl", body, prompts, _fit_context(engine, base, prompts, max_tokens, "messages"))
-        fmt = ChatFormat(token_texts(engine.tokenizer), logprobs is not None)
+        texts = token_texts(engine.tokenizer)
+        fmt = ChatFormat(texts, logprobs is not None) if tools is None else ToolCallFormat(texts, tools)
         return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
 
@@ -255,19 +267,6 @@ async def _tokenize(engine: AsyncLLMEngine, prompt: str | list[int]) -> Prompt:
     if len(prompt) > LONG_INPUT_CHARS:
         return Prompt(await asyncio.to_thread(engine.prompts.tokenize, prompt), prompt)
     return Prompt(engine.prompts.tokenize(prompt), prompt)
-
-
-def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
-    messages = []
-    for message in body.messages:
-        content = message.content
-        if isinstance(content, list):
-            content = "\n".join(part.text for part in content)
-        item = {"role": "system" if message.role == "developer" else message.role, "content": content or ""}
-        if message.name is not None:
-            item["name"] = message.name
-        messages.append(item)
-    return messages
 
 
 def _base_params(
