@@ -1,9 +1,9 @@
 """Batched sampling on the logits' device: one set of tensor operations for every row, no per-row loop.
 
 Order of operations (as vLLM and transformers apply them): penalties on the raw logits, then each row's
-logit bias (OpenAI's), then the min-tokens bans and the grammars' masks (structured outputs); greedy rows take the argmax; the others are divided by
-their temperature, filtered by min-p, top-k and top-p, and drawn with the exponential-race trick
-(`argmax(p / E)`, E ~ Exp(1)), which equals sampling from p.
+logit bias (OpenAI's), then the min-tokens bans and the grammars' masks (structured outputs); greedy rows
+take the argmax; the others are divided by their temperature, filtered by min-p, top-k and top-p, and drawn
+with the exponential-race trick (`argmax(p / E)`, E ~ Exp(1)), which equals sampling from p.
 
 Randomness is counter-based: the noise for (sequence seed, output position, token id) is a hash, so a
 seeded request gives the same tokens whatever else is in the batch, on any device, without a per-row

@@ -133,6 +133,17 @@ def bad_inputs(model: str, *, max_body_bytes: int, vocab_size: int, model_path: 
                  completion_with(structured_outputs={"regex": "a", "choice": ["a"]}), 400),
         BadInput("response_format and structured_outputs", "/chat/completions",
                  chat_with(response_format={"type": "json_object"}, structured_outputs={"regex": "a"}), 400),
+        # tool calls that cannot be made
+        BadInput("tool_choice required without tools", "/chat/completions", chat_with(tool_choice="required"), 400),
+        BadInput("tool_choice names a tool not given", "/chat/completions", chat_with(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}}), 400),
+        BadInput("tool parameters not a schema", "/chat/completions", chat_with(
+            tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
+            tool_choice="required"), 400),
+        BadInput("earlier tool call arguments not JSON", "/chat/completions", chat_with(messages=[
+            {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{"}}]}]),
+                 400),
         # unsupported parameters
         BadInput("suffix", "/completions", completion_with(suffix="y"), 400),
         BadInput("echo with logprobs", "/completions", completion_with(echo=True, logprobs=1), 400),

@@ -1,10 +1,11 @@
 """The soak's clients: `clients` concurrent streaming clients that send requests until a deadline, each request
 one of several behaviours, and check that every one ends with a complete answer or a clean error.
 
-Behaviours: stream to the end (chat or completions, greedy or sampled, n of 1 or 2, some with a logit_bias or
-a grammar), a non-streamed request, leave before the first token, leave mid-stream, leave at the last chunk, a
-request the server's fault hook fails (its `seed`), a request too long for the server's time limit, and a
-hand-written bad input. A 503 (backpressure) is a clean answer too: the client waits for Retry-After and goes on.
+Behaviours: stream to the end (chat or completions, greedy or sampled, n of 1 or 2, some with a logit_bias, a
+grammar or a forced tool call), a non-streamed request, leave before the first token, leave mid-stream, leave at
+the last chunk, a request the server's fault hook fails (its `seed`), a request too long for the server's time
+limit, and a hand-written bad input. A 503 (backpressure) is a clean answer too: the client waits for Retry-After
+and goes on.
 
 A request is *lost* when it ends any other way: a transport error, a malformed or truncated stream, an
 unexpected status or error, a hang. The soak's test asserts that none is.
@@ -121,6 +122,10 @@ async def _client(client: httpx.AsyncClient, plan: SoakPlan, rng: random.Random,
             await asyncio.sleep(rng.uniform(0.5, 1.5))  # Retry-After says 1 s: spread the retries around it
 
 
+LOOKUP_TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"word": {"type": "string", "maxLength": 10}}, "required": ["word"]}}}
+
+
 def _pick(rng: random.Random, plan: SoakPlan, deadline: float) -> Behaviour:
     weights = dict(WEIGHTS)
     if deadline - time.monotonic() < plan.request_timeout_s:
@@ -149,8 +154,13 @@ def _request(behaviour: Behaviour, rng: random.Random, plan: SoakPlan) -> tuple[
     # structured outputs (each token under a grammar's mask; the grammar may end the answer after a token or
     # two, so only where the behaviour does not need a long one)
     if behaviour in (Behaviour.COMPLETE, Behaviour.NON_STREAMED) and rng.random() < 0.1:
-        body["structured_outputs"] = {"choice": ["yes", "no", "maybe"]} if rng.random() < 0.5 else {
-            "regex": "[a-z]{1,8}( [a-z]{1,8}){0,3}"}
+        kind = rng.choice(["choice", "regex", "tool"] if chat else ["choice", "regex"])
+        if kind == "tool":  # a forced tool call: generated under its arguments' schema
+            body.update(tools=[LOOKUP_TOOL], tool_choice=rng.choice(
+                ["required", {"type": "function", "function": {"name": "lookup"}}]))
+        else:
+            body["structured_outputs"] = {"choice": ["yes", "no", "maybe"]} if kind == "choice" else {
+                "regex": "[a-z]{1,8}( [a-z]{1,8}){0,3}"}
     if behaviour is Behaviour.NON_STREAMED:
         body["stream"] = False
         del body["stream_options"]
@@ -295,5 +305,6 @@ def _check_usage(usage: dict, body: dict, finish_reasons: list[str]) -> None:
     tokens = usage["completion_tokens"]
     if not n <= tokens <= n * max_tokens or (set(finish_reasons) == {"length"} and tokens != n * max_tokens):
         raise Lost(f"usage {usage} for n={n}, max_tokens={max_tokens}, finishes {finish_reasons}")
-    if set(finish_reasons) - {"stop", "length"} or usage["total_tokens"] != usage["prompt_tokens"] + tokens:
+    finishes_known = not set(finish_reasons) - {"stop", "length", "tool_calls"}
+    if not finishes_known or usage["total_tokens"] != usage["prompt_tokens"] + tokens:
         raise Lost(f"finishes {finish_reasons}, usage {usage}")

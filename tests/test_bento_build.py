@@ -66,3 +66,14 @@ def test_the_wheel_ships_the_chat_page(tmp_path):
     for name in os.listdir(STATIC_DIR):
         assert f"bento_pagedllm/web/static/{name}" in names, name
     assert "bento_pagedllm/web/app.py" in names
+
+
+def test_the_project_root_does_not_shadow_the_kernels_package():
+    """`bentoml serve service:svc` runs with the project root first on sys.path, and transformers imports the PyPI
+    package `kernels` (a dependency since 5.25): nothing named `kernels` at the root may stand in for it."""
+    probe = ("import importlib.util, sys; spec = importlib.util.find_spec('kernels'); "
+             "print(spec.origin if spec else '')")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    origin = result.stdout.strip()
+    assert not origin.startswith(os.path.join(REPO, "kernels")), origin

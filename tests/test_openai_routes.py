@@ -436,7 +436,8 @@ BAD_REQUESTS = [
     ("/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, 400, "response_format", None),
     ("/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
         "type": "objectx"}}}}, 400, "response_format", None),
-    ("/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}},
+    ("/chat/completions", {**CHAT, "response_format": {"type": "json_schema",
+                                                       "json_schema": {"name": "x", "schema": 5}}},
      400, "response_format.json_schema.schema", "invalid_type"),
     ("/chat/completions", {**CHAT, "response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
      400, "structured_outputs", None),

@@ -40,7 +40,8 @@ def check_person(text: str) -> None:
     assert isinstance(value["name"], str) and len(value["name"]) <= 12
     assert isinstance(value["age"], int) and 0 <= value["age"] <= 120
     assert value["color"] in ("red", "green", "blue")
-    assert isinstance(value["tags"], list) and len(value["tags"]) <= 3 and all(t in (True, False) for t in value["tags"])
+    assert isinstance(value["tags"], list) and len(value["tags"]) <= 3
+    assert all(t in (True, False) for t in value["tags"])
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
@@ -142,7 +143,8 @@ def test_the_grammar_decides_the_end_over_min_tokens_and_ignore_eos(random_llm):
 
 
 def test_max_tokens_cuts_a_constrained_output(random_llm):
-    params = SamplingParams(temperature=0.0, max_tokens=3, structured_outputs=StructuredOutputs.from_json_schema(PERSON))
+    params = SamplingParams(temperature=0.0, max_tokens=3,
+                            structured_outputs=StructuredOutputs.from_json_schema(PERSON))
     out = random_llm.generate("Describe a person.", params)[0].outputs[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 3 and out.text.startswith('{"')
 
@@ -152,7 +154,8 @@ def test_a_constraint_on_a_model_without_tokenizer_is_refused(random_llm):
     tokenizer, processor.tokenizer = processor.tokenizer, None
     try:
         with pytest.raises(RequestError, match="tokenizer"):
-            random_llm.engine.add_request(None, [5, 6, 7], SamplingParams(structured_outputs=StructuredOutputs(regex="a")))
+            params = SamplingParams(structured_outputs=StructuredOutputs(regex="a"))
+            random_llm.engine.add_request(None, [5, 6, 7], params)
     finally:
         processor.tokenizer = tokenizer
 

@@ -34,8 +34,8 @@ def engine(tiny_llama3_dir):
 
 @pytest.fixture
 async def oai(engine):
-    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", http_client=http_client(mount(lambda: engine)),
-                                max_retries=0)
+    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused",
+                                http_client=http_client(mount(lambda: engine)), max_retries=0)
     yield client
     await client.close()
     assert await wait_idle(engine)
@@ -195,13 +195,12 @@ def test_text_streams_at_once_under_auto():
 
 
 def test_the_required_and_named_constraints():
-    required = plan("required", parallel_tool_calls=False).constraint()
-    schema = json.loads(required.json)
+    schema = json.loads(plan("required", parallel_tool_calls=False).constraint_schema())
     assert schema["maxItems"] == 1 and [i["properties"]["name"]["const"] for i in schema["items"]["anyOf"]] == [
         "get_weather", "get_time"]
-    named = plan({"type": "function", "function": {"name": "get_time"}}).constraint()
-    assert json.loads(named.json) == TIME["function"]["parameters"]
-    assert plan("none") is None and plan("auto").constraint() is None
+    named = plan({"type": "function", "function": {"name": "get_time"}}).constraint_schema()
+    assert json.loads(named) == TIME["function"]["parameters"]
+    assert plan("none") is None and plan("auto").constraint_schema() is None
 
 
 def test_tools_reach_a_chat_template_that_renders_them(engine):

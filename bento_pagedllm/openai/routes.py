@@ -232,11 +232,11 @@ class _Server:
         prompts = [Prompt(ids, None)]
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         base = _base_params(body, engine, logprobs=logprobs)
-        if tools is not None and (constraint := tools.constraint()) is not None:
+        if tools is not None and (schema := tools.constraint_schema()) is not None:
             if base.structured_outputs is not None:
                 raise OpenAIError("A tool_choice that forces a call cannot be combined with response_format or "
                                   "structured_outputs.", param="tool_choice")
-            base = replace(base, structured_outputs=constraint)
+            base = replace(base, structured_outputs=_constraint("tools", json=schema))
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         job = _job("chatcmpl", body, prompts, _fit_context(engine, base, prompts, max_tokens, "messages"))
         texts = token_texts(engine.tokenizer)

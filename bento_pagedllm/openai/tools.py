@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..outputs import CompletionOutput
-from ..structured_output import StructuredOutputs
 from .errors import OpenAIError
 from .formats import ChatFormat, Prompt, _TokenTexts
 from .protocol import ChatCompletionRequest
@@ -46,11 +45,12 @@ class ToolPlan:
         """The tools as chat templates take them (transformers' `tools=`: OpenAI's form)."""
         return [{"type": "function", "function": function} for function in self.functions]
 
-    def constraint(self) -> StructuredOutputs | None:
-        """What the answer must match: the named function's arguments, or the array of calls."""
+    def constraint_schema(self) -> str | None:
+        """The JSON Schema (text) the answer must match: the named function's arguments, or the array of
+        calls; None under "auto". The routes check it (a tool's `parameters` may not be a schema: a 400)."""
         if self.mode == "named":
             (function,) = [f for f in self.functions if f["name"] == self.name]
-            return StructuredOutputs(json=json.dumps(_arguments_schema(function)))
+            return json.dumps(_arguments_schema(function))
         if self.mode == "required":
             calls = [{"type": "object",
                       "properties": {"name": {"const": f["name"]}, "parameters": _arguments_schema(f)},
@@ -58,7 +58,7 @@ class ToolPlan:
             schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
             if not self.parallel:
                 schema["maxItems"] = 1
-            return StructuredOutputs(json=json.dumps(schema))
+            return json.dumps(schema)
         return None
 
 

@@ -81,8 +81,8 @@ def test_sampled_constrained_answers_fit_on_cuda(model_dir):
 def test_float32_greedy_constrained_answers_equal_the_cpus(model_dir):
     from bento_pagedllm import SamplingParams, StructuredOutputs
 
-    params = [SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=StructuredOutputs(json=json.dumps(PERSON))),
-              SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=StructuredOutputs(regex=PHONE))]
+    specs = [StructuredOutputs(json=json.dumps(PERSON)), StructuredOutputs(regex=PHONE)]
+    params = [SamplingParams(temperature=0.0, max_tokens=60, structured_outputs=spec) for spec in specs]
     prompts = ["A person:", "Call"]
     cuda = generate(model_dir, "cuda", "float32", params, prompts)
     cpu = generate(model_dir, "cpu", "float32", params, prompts, native_cpu_ops=False)
