@@ -68,12 +68,17 @@ def test_the_wheel_ships_the_chat_page(tmp_path):
     assert "bento_pagedllm/web/app.py" in names
 
 
-def test_the_project_root_does_not_shadow_the_kernels_package():
+@pytest.mark.parametrize("where", ["the project root", "elsewhere"])
+def test_nothing_of_ours_imports_as_kernels(where, tmp_path):
     """`bentoml serve service:svc` runs with the project root first on sys.path, and transformers imports the PyPI
-    package `kernels` (a dependency since 5.25): nothing named `kernels` at the root may stand in for it."""
+    package `kernels` (a dependency since 5.25): nothing named `kernels` at the root, nor in our install, may
+    stand in for it (ours import as `bento_pagedllm.kernels`)."""
     probe = ("import importlib.util, sys; spec = importlib.util.find_spec('kernels'); "
              "print(spec.origin if spec else '')")
-    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    cwd = REPO if where == "the project root" else tmp_path
+    result = subprocess.run([sys.executable, "-c", probe], cwd=cwd, env=env, capture_output=True, text=True,
+                            timeout=60)
     assert result.returncode == 0, result.stderr
     origin = result.stdout.strip()
-    assert not origin.startswith(os.path.join(REPO, "kernels")), origin
+    assert not origin.startswith((os.path.join(REPO, "kernels"), os.path.join(REPO, "bento_pagedllm"))), origin
