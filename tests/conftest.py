@@ -111,3 +111,21 @@ def tiny_llama3_dir(tmp_path_factory, smollm2_hf_dir) -> str:
     return save_tiny_llama(
         tmp_path_factory.mktemp("tiny_llama3"), smollm2_hf_dir, rope_theta=500000.0, rope_scaling=LLAMA3_ROPE
     )
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
+def llm(tiny_llama3_dir, request):
+    """An engine over the tiny Llama-3 model (float32, CPU), with and without async scheduling: one per
+    test module (a module's tests share it, and each leaves it idle)."""
+    from bento_pagedllm import LLM
+
+    return LLM(tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=128, max_model_len=1024,
+               max_num_batched_tokens=256, async_scheduling=request.param)
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_hf_dir):
+    """An engine over SmolLM2-135M-Instruct (float32, CPU), one per test module."""
+    from bento_pagedllm import LLM
+
+    return LLM(smollm2_hf_dir, dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=1024)

@@ -8,17 +8,6 @@ from bento_pagedllm import LLM, RequestError, SamplingParams
 GREEDY = dict(temperature=0.0)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
-def llm(tiny_llama3_dir, request):
-    return LLM(tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=128, max_model_len=1024,
-               max_num_batched_tokens=256, async_scheduling=request.param)
-
-
-@pytest.fixture(scope="module")
-def smol(smollm2_hf_dir):
-    return LLM(smollm2_hf_dir, dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=1024)
-
-
 def all_free(llm):
     bm = llm.engine.block_manager
     return bm.num_free_blocks == bm.num_blocks and not llm.engine.requests

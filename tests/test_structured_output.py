@@ -12,7 +12,7 @@ import re
 import pytest
 import torch
 
-from bento_pagedllm import LLM, RequestError, SamplingParams
+from bento_pagedllm import RequestError, SamplingParams
 from bento_pagedllm.structured_output import StructuredOutputs, mask_disallowed
 
 PERSON = {
@@ -42,17 +42,6 @@ def check_person(text: str) -> None:
     assert value["color"] in ("red", "green", "blue")
     assert isinstance(value["tags"], list) and len(value["tags"]) <= 3
     assert all(t in (True, False) for t in value["tags"])
-
-
-@pytest.fixture(scope="module", params=[False, True], ids=["sync", "async-scheduling"])
-def random_llm(tiny_llama3_dir, request):
-    return LLM(tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=128, max_model_len=1024,
-               max_num_batched_tokens=256, async_scheduling=request.param)
-
-
-@pytest.fixture(scope="module")
-def smol(smollm2_hf_dir):
-    return LLM(smollm2_hf_dir, dtype="float32", device="cpu", num_kv_blocks=64, max_model_len=1024)
 
 
 def all_free(llm) -> bool:
@@ -107,14 +96,14 @@ def test_mask_disallowed_matches_a_token_by_token_reference(vocab):
 # ---- the engine ----------------------------------------------------------------------------------
 
 
-def test_random_weights_still_write_what_each_constraint_allows(random_llm):
+def test_random_weights_still_write_what_each_constraint_allows(llm):
     """Sampled at temperature 1 from a random model, every choice of every request matches its
     constraint and ends by itself (finish reason "stop"), with several kinds of constraint in one batch."""
     specs = [StructuredOutputs.from_json_schema(PERSON), StructuredOutputs(regex=PHONE),
              StructuredOutputs(choice=CHOICES), StructuredOutputs(grammar=LIST_GRAMMAR)]
     params = [SamplingParams(n=3, temperature=1.0, seed=seed, max_tokens=200, structured_outputs=spec)
               for seed, spec in enumerate(specs)]
-    outs = random_llm.generate(["Describe a person.", "Call me at", "The mood is", "A number:"], params)
+    outs = llm.generate(["Describe a person.", "Call me at", "The mood is", "A number:"], params)
     for out in outs:
         assert [c.finish_reason for c in out.outputs] == ["stop"] * 3, out.outputs
     for choice in outs[0].outputs:
@@ -122,40 +111,40 @@ def test_random_weights_still_write_what_each_constraint_allows(random_llm):
     assert all(re.fullmatch(PHONE, c.text) for c in outs[1].outputs)
     assert all(c.text in CHOICES for c in outs[2].outputs)
     assert all(re.fullmatch(r"\((a|bb)(,(a|bb))*\)", c.text) for c in outs[3].outputs), outs[3].outputs
-    assert all_free(random_llm)
+    assert all_free(llm)
 
 
-def test_an_unconstrained_request_beside_constrained_ones_is_unchanged(random_llm):
+def test_an_unconstrained_request_beside_constrained_ones_is_unchanged(llm):
     prompt, plain = "Once upon a time", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    alone = random_llm.generate(prompt, plain)[0].outputs[0].token_ids
+    alone = llm.generate(prompt, plain)[0].outputs[0].token_ids
     spec = SamplingParams(temperature=0.0, max_tokens=50, structured_outputs=StructuredOutputs(json_object=True))
-    together = random_llm.generate([prompt, "JSON:", prompt], [plain, spec, plain])
+    together = llm.generate([prompt, "JSON:", prompt], [plain, spec, plain])
     assert together[0].outputs[0].token_ids == alone == together[2].outputs[0].token_ids
-    constrained_alone = random_llm.generate("JSON:", spec)[0].outputs[0]
+    constrained_alone = llm.generate("JSON:", spec)[0].outputs[0]
     assert together[1].outputs[0].token_ids == constrained_alone.token_ids
 
 
-def test_the_grammar_decides_the_end_over_min_tokens_and_ignore_eos(random_llm):
+def test_the_grammar_decides_the_end_over_min_tokens_and_ignore_eos(llm):
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=40, min_tokens=20, ignore_eos=True,
                             structured_outputs=StructuredOutputs(choice=("yes", "no")))
-    out = random_llm.generate("Answer:", params)[0].outputs[0]
+    out = llm.generate("Answer:", params)[0].outputs[0]
     assert out.text in ("yes", "no") and out.finish_reason == "stop"
 
 
-def test_max_tokens_cuts_a_constrained_output(random_llm):
+def test_max_tokens_cuts_a_constrained_output(llm):
     params = SamplingParams(temperature=0.0, max_tokens=3,
                             structured_outputs=StructuredOutputs.from_json_schema(PERSON))
-    out = random_llm.generate("Describe a person.", params)[0].outputs[0]
+    out = llm.generate("Describe a person.", params)[0].outputs[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 3 and out.text.startswith('{"')
 
 
-def test_a_constraint_on_a_model_without_tokenizer_is_refused(random_llm):
-    processor = random_llm.engine.prompts
+def test_a_constraint_on_a_model_without_tokenizer_is_refused(llm):
+    processor = llm.engine.prompts
     tokenizer, processor.tokenizer = processor.tokenizer, None
     try:
         with pytest.raises(RequestError, match="tokenizer"):
             params = SamplingParams(structured_outputs=StructuredOutputs(regex="a"))
-            random_llm.engine.add_request(None, [5, 6, 7], params)
+            llm.engine.add_request(None, [5, 6, 7], params)
     finally:
         processor.tokenizer = tokenizer
 
