@@ -321,7 +321,7 @@ class LLMEngine:
                      for seq in request.seqs],
             finished=True,
             metrics=RequestMetrics(times.arrival, times.first_scheduled, times.first_token, times.finished,
-                                   sum(s.num_preemptions for s in request.seqs)),
+                                   sum(s.num_preemptions for s in request.seqs), times.cached_prompt_tokens),
             error=message,
         )
 
@@ -407,7 +407,8 @@ class LLMEngine:
             outputs=choices,
             finished=finished,
             metrics=RequestMetrics(
-                times.arrival, times.first_scheduled, times.first_token, times.finished, num_preemptions
+                times.arrival, times.first_scheduled, times.first_token, times.finished, num_preemptions,
+                times.cached_prompt_tokens,
             ),
         )
 

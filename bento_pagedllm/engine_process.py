@@ -62,7 +62,7 @@ WireOutput = tuple[str, bool, str | None, tuple, list[WireChoice]]
 def encode_output(out: RequestOutput) -> WireOutput:
     m = out.metrics
     metrics = None if m is None else (m.arrival_time, m.first_scheduled_time, m.first_token_time,
-                                      m.finished_time, m.num_preemptions)
+                                      m.finished_time, m.num_preemptions, m.num_cached_tokens)
     choices = [(c.index, c.delta_text, c.delta_token_ids, c.delta_logprobs, c.cumulative_logprob,
                 c.finish_reason, c.stop_reason) for c in out.outputs]
     return out.request_id, out.finished, out.error, metrics, choices

@@ -35,6 +35,7 @@ class RequestMetrics:
     first_token_time: float | None
     finished_time: float | None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (not computed again)
 
 
 @dataclass

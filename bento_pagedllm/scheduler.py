@@ -147,7 +147,7 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_pending:
                 break  # preempted while a step was in flight: its tokens must be known to recompute them
-            self.block_manager.match_prefix(seq)  # cached blocks of its prefix count as computed
+            cached = self.block_manager.match_prefix(seq)  # cached blocks of its prefix count as computed
             num_new = min(seq.num_uncomputed_tokens, budget)
             seq_copies = self.block_manager.allocate_slots(seq, num_new)
             if seq_copies is None:
@@ -158,6 +158,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             if seq.request.times.first_scheduled is None:
                 seq.request.times.first_scheduled = time.monotonic()
+                seq.request.times.cached_prompt_tokens = cached
             bisect.insort(self.running, seq, key=lambda s: s.sort_key)
             copies += seq_copies
             scheduled.append((seq, num_new))

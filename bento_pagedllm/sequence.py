@@ -145,6 +145,8 @@ class RequestTimes:
     first_scheduled: float | None = None
     first_token: float | None = None
     finished: float | None = None
+    # prompt tokens found in the prefix cache when the request was first scheduled (its usage reports them)
+    cached_prompt_tokens: int = 0
 
 
 class Request:

@@ -1,4 +1,8 @@
-"""Helpers shared by the tests that drive the OpenAI routes in process (tiny random Llama, real engine)."""
+"""Helpers shared by the tests that drive the OpenAI routes in process (tiny random Llama, real engine).
+
+Also a pytest plugin (conftest's `pytest_plugins`): the fixtures `engine` (one async engine a test module), `app`
+(the routes over it), `http` (httpx over ASGI) and `oai` (the official client over ASGI); a module may define
+its own `engine` or `app` instead (another size, other settings)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import json
 import time
 
 import httpx
+import openai
+import pytest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect
 from starlette.routing import Mount
@@ -129,3 +135,33 @@ async def call_asgi(app, path: str, payload: dict, *, disconnect_after: int | No
     with contextlib.suppress(ClientDisconnect):
         await asyncio.wait_for(app(scope, receive, send), 30)
     return status, chunks, running
+
+
+def openai_client(app, api_key: str = "unused") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key=api_key, http_client=http_client(app),
+                              max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama3_dir):
+    engine = tiny_engine(tiny_llama3_dir)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def app(engine):
+    return mount(lambda: engine)
+
+
+@pytest.fixture
+async def http(app):
+    async with http_client(app) as client:
+        yield client
+
+
+@pytest.fixture
+async def oai(app):
+    client = openai_client(app)
+    yield client
+    await client.close()

@@ -35,6 +35,9 @@ def bad_inputs(model: str, *, max_body_bytes: int, vocab_size: int, model_path: 
     def completion_with(**fields) -> bytes:
         return _json({**completion, **fields})
 
+    def response_with(**fields) -> bytes:
+        return _json({"model": model, "input": "Hi", **fields})
+
     cases = [
         # malformed JSON and bodies that are not an object
         BadInput("truncated JSON", "/chat/completions", b'{"model": "' + model.encode(), 400),
@@ -144,6 +147,13 @@ def bad_inputs(model: str, *, max_body_bytes: int, vocab_size: int, model_path: 
         BadInput("earlier tool call arguments not JSON", "/chat/completions", chat_with(messages=[
             {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{"}}]}]),
                  400),
+        # the Responses API: what it cannot be
+        BadInput("response input missing", "/responses", _json({"model": model}), 400),
+        BadInput("response input is a number", "/responses", response_with(input=5), 400),
+        BadInput("response input item of no known type", "/responses", response_with(input=[{"type": "nope"}]), 400),
+        BadInput("previous_response_id (nothing stored)", "/responses", response_with(previous_response_id="r"), 400),
+        BadInput("response output cut to nothing", "/responses", response_with(max_output_tokens=0), 400),
+        BadInput("response too long for the context", "/responses", response_with(input="Hi " * 20_000), 400),
         # unsupported parameters
         BadInput("suffix", "/completions", completion_with(suffix="y"), 400),
         BadInput("echo with logprobs", "/completions", completion_with(echo=True, logprobs=1), 400),

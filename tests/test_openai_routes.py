@@ -15,42 +15,12 @@ import httpx
 import openai
 import pytest
 from api_helpers import (
-    HELLO, KEY, MAX_LEN, MODEL, call_asgi, error_of, http_client, mount, sse_events, tiny_engine, wait_idle,
+    HELLO, KEY, MAX_LEN, MODEL, call_asgi, error_of, http_client, mount, openai_client, sse_events, wait_idle,
 )
 
 from bento_pagedllm import SamplingParams
 from bento_pagedllm.faults import FaultInjection
 from bento_pagedllm.tokenizer import apply_chat_template
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_llama3_dir):
-    engine = tiny_engine(tiny_llama3_dir)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def app(engine):
-    return mount(lambda: engine)
-
-
-def openai_client(app, api_key: str = "unused") -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url="http://test/v1", api_key=api_key, http_client=http_client(app),
-                              max_retries=0)
-
-
-@pytest.fixture
-async def http(app):
-    async with http_client(app) as client:
-        yield client
-
-
-@pytest.fixture
-async def oai(app):
-    client = openai_client(app)
-    yield client
-    await client.close()
 
 
 @pytest.fixture(autouse=True)

@@ -98,6 +98,21 @@ def test_structured_outputs_through_the_openai_sdk(client):
     assert choice.choices[0].message.content == sentences[1] and choice.choices[0].finish_reason == "stop"
 
 
+def test_the_responses_api_through_the_openai_sdk(client):
+    """OpenAI's Responses API against the real server: SmolLM2 answers as in chat, streamed events and all."""
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, temperature=0, max_tokens=40)
+    response = client.responses.create(model=MODEL, input=CHAT[0]["content"], temperature=0, max_output_tokens=40)
+    assert response.status == "completed" and "Paris" in response.output_text
+    assert response.output_text == chat.choices[0].message.content
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    with client.responses.stream(model=MODEL, input=CHAT[0]["content"], temperature=0,
+                                 max_output_tokens=40) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert len(deltas) >= 5 and "".join(deltas) == final.output_text == response.output_text
+    assert final.usage.input_tokens_details.cached_tokens > 0  # the same prompt, thrice: cached blocks
+
+
 def test_32_concurrent_streams_are_independent(server):
     async def run():
         client = openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key=API_KEY, max_retries=0, timeout=600)

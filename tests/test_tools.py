@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
-from api_helpers import HELLO, MODEL, error_of, http_client, mount, tiny_engine, wait_idle
+from api_helpers import HELLO, MODEL, error_of, wait_idle
 
 from bento_pagedllm.openai.formats import Prompt, token_texts
 from bento_pagedllm.openai.protocol import ChatCompletionRequest
@@ -25,19 +24,9 @@ TIME = {"type": "function", "function": {
                                        "required": ["zone"], "additionalProperties": False}}}
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama3_dir):
-    engine = tiny_engine(tiny_llama3_dir)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture
-async def oai(engine):
-    client = openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused",
-                                http_client=http_client(mount(lambda: engine)), max_retries=0)
-    yield client
-    await client.close()
+@pytest.fixture(autouse=True)
+async def no_leaks(engine):
+    yield
     assert await wait_idle(engine)
 
 
@@ -129,9 +118,8 @@ async def test_a_conversation_with_earlier_calls_and_their_results(oai):
     ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function", "function": {
         "name": "get_weather", "arguments": "{not json"}}]}]}, "messages"),
 ])
-async def test_bad_tool_requests(engine, body, param):
-    async with http_client(mount(lambda: engine)) as http:
-        r = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, **body})
+async def test_bad_tool_requests(http, body, param):
+    r = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, **body})
     assert error_of(r, 400)["param"] == param
 
 

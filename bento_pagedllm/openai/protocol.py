@@ -165,10 +165,103 @@ class ChatCompletionRequest(_SamplingRequest):
     parallel_tool_calls: bool | None = None
 
 
+# ---- POST /responses (OpenAI's Responses API; responses_api.py answers it through the chat path) --------
+
+
+class InputText(_Body):
+    """A text part of a message: `input_text` (what the user or system said) or `output_text` (an earlier
+    answer of the assistant's, sent back as conversation state)."""
+
+    type: Literal["input_text", "output_text"]
+    text: str
+
+
+class InputMessage(_Body):
+    type: Literal["message"] = "message"
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[InputText]
+
+
+class FunctionCallItem(_Body):
+    """A function call the model made earlier (sent back with its output as conversation state)."""
+
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str  # JSON text
+
+
+class FunctionCallOutputItem(_Body):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str
+
+
+class TextFormat(_Body):
+    """text.format: OpenAI's structured outputs in the Responses API (json_schema's fields inline)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced
+
+
+class TextConfig(_Body):
+    format: TextFormat | None = None
+
+
+class FunctionTool(_Body):
+    """A function tool as the Responses API gives it: FunctionDefinition's fields, not nested."""
+
+    type: Literal["function"]
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class FunctionToolChoice(_Body):
+    type: Literal["function"]
+    name: str
+
+
+class Reasoning(_Body):
+    effort: str | None = None  # accepted only when null or "none": the served models do not reason
+    summary: str | None = None
+
+
+class ResponsesRequest(_Body):
+    """POST /responses: one answer to `input` (a string, or messages and earlier function calls and their
+    outputs), after `instructions` (a system message). Stateless: `previous_response_id` and `background`
+    are refused and nothing is stored (the answer says `store: false`)."""
+
+    model: str
+    input: str | Annotated[list[InputMessage | FunctionCallItem | FunctionCallOutputItem], Field(min_length=1)]
+    instructions: str | None = None
+    max_output_tokens: PositiveInt | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
+    stream: bool | None = False
+    text: TextConfig | None = None
+    tools: Annotated[list[FunctionTool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    metadata: Annotated[dict[str, str], Field(max_length=16)] | None = None  # returned as given
+    user: str | None = None  # ignored
+    store: bool | None = None  # nothing is stored, whatever it says
+    truncation: Literal["disabled"] | None = None  # "auto" (dropping early input to fit) is not supported
+    reasoning: Reasoning | None = None
+    previous_response_id: str | None = None  # refused: no stored responses
+    background: bool | None = None  # refused when true
+
+
 FIELD_NAMES: frozenset[str] = frozenset(
     field.alias or name
     for model in (StreamOptions, CompletionRequest, TextContentPart, ChatMessage, ChatCompletionRequest,
                   ResponseFormat, JsonSchemaFormat, StructuredOutputsParams, ToolCall, ToolCallFunction,
-                  FunctionDefinition, Tool, NamedFunction, NamedToolChoice)
+                  FunctionDefinition, Tool, NamedFunction, NamedToolChoice, InputText, InputMessage, FunctionCallItem,
+                  FunctionCallOutputItem, TextFormat, TextConfig, FunctionTool, FunctionToolChoice, Reasoning,
+                  ResponsesRequest)
     for name, field in model.model_fields.items()
 )

@@ -45,7 +45,7 @@ class Job:
         return sum(len(p.token_ids) for p in self.prompts)
 
 
-class _JobStreams:
+class JobStreams:
     """The engine streams of one API request, one per prompt: admitted all together or none.
 
     NOTE: `close()` aborts every engine request not yet finished; each path that admits a job closes it, even
@@ -117,7 +117,7 @@ class _JobStreams:
         return [final[i] for i in range(len(self.streams))]
 
 
-async def _until_disconnect(request: Request, work: Awaitable[T]) -> T:
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it if the client disconnects first (then raise ClientDisconnect)."""
     task = asyncio.ensure_future(work)
 
@@ -145,13 +145,13 @@ async def respond(
     report: Callable[[Exception], OpenAIError], stream_interval: int,
 ) -> Response:
     """Admit the job (refusals raise here, before any byte is sent), then answer in one body or as SSE."""
-    streams = _JobStreams(engine, job)
+    streams = JobStreams(engine, job)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = _sse_events(streams, job, fmt, include_usage, report, stream_interval)
-        return _SSEResponse(events, on_close=streams.close)
+        return SSEResponse(events, on_close=streams.close)
     try:
-        outputs = await _until_disconnect(request, streams.final_outputs())
+        outputs = await until_disconnect(request, streams.final_outputs())
     finally:
         streams.close()
     choices, completion_tokens = [], 0
@@ -181,15 +181,15 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 # ---- Server-Sent Events ------------------------------------------------------------------------------
 
 
-def _json(value: Any) -> str:
+def encode_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
 def _sse(payload: dict[str, Any]) -> str:
-    return f"data: {_json(payload)}\n\n"
+    return f"data: {encode_json(payload)}\n\n"
 
 
-async def _sse_events(streams: _JobStreams, job: Job, fmt: Format, include_usage: bool,
+async def _sse_events(streams: JobStreams, job: Job, fmt: Format, include_usage: bool,
                       report: Callable[[Exception], OpenAIError], stream_interval: int) -> AsyncIterator[str]:
     """The stream as OpenAI sends it: per choice an opening chunk (chat: the role), its deltas as generated, a
     chunk with its finish_reason; then the usage chunk if asked for, then [DONE]. A failure (the engine's, a
@@ -206,8 +206,8 @@ async def _sse_events(streams: _JobStreams, job: Job, fmt: Format, include_usage
 
     def chunk(choice: dict[str, Any] | None, usage: dict[str, int] | None = None) -> str:
         if usage is not None:
-            return head + '],"usage":' + _json(usage) + "}\n\n"
-        return head + ("" if choice is None else _json(choice)) + tail
+            return head + '],"usage":' + encode_json(usage) + "}\n\n"
+        return head + ("" if choice is None else encode_json(choice)) + tail
 
     events: list[str] = []  # chunks not yet written
     try:
@@ -249,7 +249,7 @@ async def _sse_events(streams: _JobStreams, job: Job, fmt: Format, include_usage
         yield "".join(events) + _sse(report(error).to_dict())
 
 
-class _SSEResponse(StreamingResponse):
+class SSEResponse(StreamingResponse):
     """A StreamingResponse that always closes its generator and its engine streams (Starlette may just stop
     iterating when the client disconnects, or never start when the client is gone already): closing them is
     what aborts the engine requests."""

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible API as a Starlette app: `GET /models`, `POST /completions`, `POST /chat/completions`.
+"""The OpenAI-compatible API as a Starlette app: `GET /models`, `POST /completions`, `POST /chat/completions`,
+`POST /responses` (responses_api.py: a chat request answered as a `response`).
 
 Both generation endpoints go the same way: parse the body (protocol.py), tokenize, turn the request into one
 `SamplingParams` per prompt (context window checked), then hand the `Job` to responses.py, which runs one
@@ -45,10 +46,11 @@ from . import errors
 from .auth import APIKeyMiddleware
 from .errors import OpenAIError
 from .formats import ChatFormat, CompletionFormat, Prompt, token_texts
-from .protocol import FIELD_NAMES, ChatCompletionRequest, CompletionRequest
+from .protocol import FIELD_NAMES, ChatCompletionRequest, CompletionRequest, ResponsesRequest
 from .responses import Job, respond
+from .responses_api import ResponseBuilder, chat_request, respond_response
 from .schema import openapi_document
-from .tools import ToolCallFormat, plan_tools, template_message
+from .tools import ToolCallFormat, ToolPlan, plan_tools, template_message
 
 try:
     from jinja2 import TemplateError
@@ -86,6 +88,7 @@ def build_openai_app(
         Route("/models/{model:path}", server.guard(server.retrieve_model), methods=["GET"]),
         Route("/completions", server.guard(server.completions), methods=["POST"]),
         Route("/chat/completions", server.guard(server.chat_completions), methods=["POST"]),
+        Route("/responses", server.guard(server.responses), methods=["POST"]),
         Route("/openapi.json", lambda request: JSONResponse(document), methods=["GET"]),
     ]
     middleware = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
@@ -206,7 +209,7 @@ class _Server:
                               "request.", param="prompt")
         prompts = [await _tokenize(engine, p) for p in texts]
         base = _base_params(body, engine, logprobs=body.logprobs)
-        job = _job("cmpl", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt"))
+        job = _job("cmpl-", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt"))
         fmt = CompletionFormat(token_texts(engine.tokenizer), body.logprobs, bool(body.echo))
         return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
@@ -214,34 +217,51 @@ class _Server:
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
         engine = self._engine_for(body.model)
-        if body.top_logprobs is not None and not body.logprobs:
-            raise OpenAIError("logprobs must be true when top_logprobs is set.", param="top_logprobs")
-        messages = [template_message(message) for message in body.messages]
-        tools = plan_tools(body)
-        if tools is not None and body.logprobs:
-            raise OpenAIError("logprobs are not supported with tools (tool_choice \"none\" allows them).",
-                              param="logprobs")
-        template_tools = tools.template_tools() if tools is not None else None
-        try:
-            if len(messages) > MANY_MESSAGES or sum(len(m["content"]) for m in messages) > LONG_INPUT_CHARS:
-                ids = await asyncio.to_thread(engine.prompts.chat_prompt_ids, messages, template_tools)
-            else:
-                ids = engine.prompts.chat_prompt_ids(messages, template_tools)
-        except TemplateError as error:
-            raise OpenAIError(f"The chat template rejected the messages: {error}", param="messages") from None
-        prompts = [Prompt(ids, None)]
-        logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        base = _base_params(body, engine, logprobs=logprobs)
-        if tools is not None and (schema := tools.constraint_schema()) is not None:
-            if base.structured_outputs is not None:
-                raise OpenAIError("A tool_choice that forces a call cannot be combined with response_format or "
-                                  "structured_outputs.", param="tool_choice")
-            base = replace(base, structured_outputs=_constraint("tools", json=schema))
-        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        job = _job("chatcmpl", body, prompts, _fit_context(engine, base, prompts, max_tokens, "messages"))
+        job, tools = await _chat_job(body, engine, "chatcmpl-", "messages")
         texts = token_texts(engine.tokenizer)
-        fmt = ChatFormat(texts, logprobs is not None) if tools is None else ToolCallFormat(texts, tools)
+        logprobs = job.params[0].logprobs is not None
+        fmt = ChatFormat(texts, logprobs) if tools is None else ToolCallFormat(texts, tools)
         return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
+
+    # ---- POST /responses -----------------------------------------------------------------------
+    async def responses(self, request: Request) -> Response:
+        body = await self._parse(request, ResponsesRequest)
+        engine = self._engine_for(body.model)
+        job, tools = await _chat_job(chat_request(body), engine, "resp_", "input")
+        return await respond_response(request, engine, job, ResponseBuilder(job, body, tools), bool(body.stream),
+                                      self._reporter(request), self.stream_interval)
+
+
+async def _chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, id_prefix: str,
+                    noun: str) -> tuple[Job, ToolPlan | None]:
+    """A chat request's job (its prompt rendered by the chat template, its sampling parameters, the tools'
+    constraint) and its tool plan: for /chat/completions and /responses alike (`noun`: what errors call the
+    conversation)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise OpenAIError("logprobs must be true when top_logprobs is set.", param="top_logprobs")
+    messages = [template_message(message) for message in body.messages]
+    tools = plan_tools(body)
+    if tools is not None and body.logprobs:
+        raise OpenAIError("logprobs are not supported with tools (tool_choice \"none\" allows them).",
+                          param="logprobs")
+    template_tools = tools.template_tools() if tools is not None else None
+    try:
+        if len(messages) > MANY_MESSAGES or sum(len(m["content"]) for m in messages) > LONG_INPUT_CHARS:
+            ids = await asyncio.to_thread(engine.prompts.chat_prompt_ids, messages, template_tools)
+        else:
+            ids = engine.prompts.chat_prompt_ids(messages, template_tools)
+    except TemplateError as error:
+        raise OpenAIError(f"The chat template rejected the {noun}: {error}", param=noun) from None
+    prompts = [Prompt(ids, None)]
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    base = _base_params(body, engine, logprobs=logprobs)
+    if tools is not None and (schema := tools.constraint_schema()) is not None:
+        if base.structured_outputs is not None:
+            raise OpenAIError("A tool_choice that forces a call cannot be combined with response_format or "
+                              "structured_outputs.", param="tool_choice")
+        base = replace(base, structured_outputs=_constraint("tools", json=schema))
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return _job(id_prefix, body, prompts, _fit_context(engine, base, prompts, max_tokens, noun)), tools
 
 
 def _too_large(limit: int) -> OpenAIError:
@@ -390,6 +410,6 @@ def _fit_context(
     return params
 
 
-def _job(prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[Prompt],
+def _job(id_prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[Prompt],
          params: list[SamplingParams]) -> Job:
-    return Job(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts, params)
+    return Job(f"{id_prefix}{uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts, params)

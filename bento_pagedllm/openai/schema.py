@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
 
 _REF = "#/components/schemas/{model}"
 
@@ -33,8 +33,9 @@ _ERROR_SCHEMA = {
 }
 
 # NOTE: for text/event-stream the schema describes one event (as OpenAPI 3.2's itemSchema does): its `data` is
-# a JSON chunk, an error object or [DONE]
-_SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+# a JSON chunk, an error object or [DONE]; the Responses API's events also name their type in `event`
+_SSE_EVENT = {"type": "object", "required": ["data"],
+              "properties": {"event": {"type": "string"}, "data": {"type": "string"}}}
 
 # status -> when it is answered
 _ERRORS = {
@@ -82,12 +83,12 @@ def _model_card_path(summary: str, schema: dict[str, Any], parameters: list | No
 
 def openapi_document(model_name: str, *, secured: bool) -> dict[str, Any]:
     """The document for a server of `model_name`; `secured` when every operation needs the bearer key."""
-    _, defs = models_json_schema([(CompletionRequest, "validation"), (ChatCompletionRequest, "validation")],
-                                 ref_template=_REF)
+    _, defs = models_json_schema([(CompletionRequest, "validation"), (ChatCompletionRequest, "validation"),
+                                  (ResponsesRequest, "validation")], ref_template=_REF)
     schemas = {**defs["$defs"], "ErrorResponse": _ERROR_SCHEMA}
     # NOTE: the only model name that resolves is the served one (never a path): the document says so
     served = {"type": "string", "enum": [model_name]}
-    for body in ("CompletionRequest", "ChatCompletionRequest"):
+    for body in ("CompletionRequest", "ChatCompletionRequest", "ResponsesRequest"):
         schemas[body]["properties"]["model"] = served
     model_param = [{"name": "model", "in": "path", "required": True, "schema": served}]
     document: dict[str, Any] = {
@@ -98,6 +99,7 @@ def openapi_document(model_name: str, *, secured: bool) -> dict[str, Any]:
         "paths": {
             "/completions": _generation("Create a completion", "CompletionRequest", "completion"),
             "/chat/completions": _generation("Create a chat completion", "ChatCompletionRequest", "chat completion"),
+            "/responses": _generation("Create a response", "ResponsesRequest", "response"),
             "/models": _model_card_path("List the models", {"type": "object"}),
             "/models/{model}": _model_card_path("Retrieve a model", {"type": "object"}, model_param),
         },
