@@ -14,6 +14,7 @@ import pydantic
 import pytest
 from api_helpers import HELLO, MODEL, call_asgi, error_of, wait_idle
 
+from bento_pagedllm.faults import InjectedFault
 from bento_pagedllm.tokenizer import apply_chat_template
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
@@ -213,6 +214,28 @@ async def test_bad_requests(http, body, param):
 async def test_unknown_model(http):
     error = error_of(await http.post("/v1/responses", json={"model": "gpt-4o", "input": "x"}), 404)
     assert error["code"] == "model_not_found"
+
+
+def fail_at_the_third_token(seq, token) -> None:
+    """A token hook (the engine's fault-injection point) that fails every request at its 3rd token."""
+    if seq.num_known_output_tokens + 1 >= 3:
+        raise InjectedFault("injected sampling fault")
+
+
+async def test_a_failure_is_a_500_or_ends_the_stream_with_response_failed(engine, http):
+    body = {"model": MODEL, "input": "Hi", "max_output_tokens": 50, "temperature": 0}
+    engine.engine.token_hook = fail_at_the_third_token
+    try:
+        assert error_of(await http.post("/v1/responses", json=body), 500)["type"] == "server_error"
+        r = await http.post("/v1/responses", json={**body, "stream": True})
+    finally:
+        engine.engine.token_hook = None
+    assert r.status_code == 200  # the status line was sent before the failure
+    events = typed_events(r.text)
+    assert events[0]["type"] == "response.created" and events[-1]["type"] == "response.failed"
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert "InjectedFault" not in r.text  # internals stay in the log
 
 
 async def test_a_client_gone_mid_stream_aborts_the_request(app, engine):
