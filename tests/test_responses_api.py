@@ -194,6 +194,8 @@ async def test_required_makes_calls_and_their_outputs_go_back(oai, engine):
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
+    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include"),
+    ({"input": "x", "top_logprobs": 2}, "top_logprobs"),
     ({"input": []}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
      "input[0].content[0].type"),

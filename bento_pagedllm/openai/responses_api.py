@@ -41,6 +41,11 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
                           "conversation in input.", param="previous_response_id")
     if body.background:
         raise OpenAIError("background is not supported.", param="background")
+    if body.include:
+        raise OpenAIError(f"include is not supported (asked for {body.include[0]!r}).", param="include")
+    if body.top_logprobs:
+        raise OpenAIError("top_logprobs is not supported in responses (chat completions report them).",
+                          param="top_logprobs")
     if body.reasoning is not None and body.reasoning.effort not in (None, "none"):
         raise OpenAIError("reasoning.effort is not supported: the served model does not reason.", param="reasoning")
     messages: list[dict[str, Any]] = []
