@@ -1,8 +1,8 @@
 """The soak's clients: `clients` concurrent streaming clients that send requests until a deadline, each request
 one of several behaviours, and check that every one ends with a complete answer or a clean error.
 
-Behaviours: stream to the end (chat or completions, greedy or sampled, n of 1 or 2, some with a logit_bias, a
-grammar or a forced tool call), a non-streamed request, leave before the first token, leave mid-stream, leave at
+Behaviours: stream to the end (chat, completions or the Responses API, greedy or sampled, n of 1 or 2, some with a
+logit_bias, a grammar or a forced tool call), a non-streamed request, leave before the first token, leave mid-stream, leave at
 the last chunk, a request the server's fault hook fails (its `seed`), a request too long for the server's time
 limit, and a hand-written bad input. A 503 (backpressure) is a clean answer too: the client waits for Retry-After
 and goes on.
@@ -63,6 +63,7 @@ class SoakTally:
     request, the /metrics side of the accounting)."""
 
     outcomes: collections.Counter = field(default_factory=collections.Counter)
+    paths: collections.Counter = field(default_factory=collections.Counter)  # the well-formed requests' endpoints
     admitted: int = 0
     lost: list[str] = field(default_factory=list)
 
@@ -168,7 +169,26 @@ def _request(behaviour: Behaviour, rng: random.Random, plan: SoakPlan) -> tuple[
         body.update(temperature=0.8, seed=FAULT_SEED, ignore_eos=True, max_tokens=16)
     if behaviour is Behaviour.OVERTIME:
         body.update(ignore_eos=True, max_tokens=plan.max_model_len - 400)
+    if chat and behaviour in RESPONSE_BEHAVIOURS and rng.random() < 0.2:
+        return "/responses", _as_response_request(body)
     return ("/chat/completions" if chat else "/completions"), body
+
+
+# what a Responses request may do here (its API has no seed for the fault hook, no ignore_eos for overtime)
+RESPONSE_BEHAVIOURS = (Behaviour.COMPLETE, Behaviour.NON_STREAMED, Behaviour.LEAVE_BEFORE_FIRST_TOKEN,
+                       Behaviour.LEAVE_MID_STREAM)
+
+
+def _as_response_request(chat: dict) -> dict:
+    """The chat request as the Responses API asks it (one answer: n, logit_bias and the grammar stay behind;
+    a forced tool call goes along, its tool unnested)."""
+    body = {"model": chat["model"], "input": chat["messages"], "max_output_tokens": chat["max_tokens"],
+            "stream": chat["stream"], "temperature": chat["temperature"], "top_p": chat.get("top_p", 1.0)}
+    if "tools" in chat:
+        choice = chat["tool_choice"]
+        body.update(tools=[{"type": "function", **tool["function"]} for tool in chat["tools"]],
+                    tool_choice=choice if isinstance(choice, str) else {"type": "function", "name": "lookup"})
+    return body
 
 
 async def _send_bad_input(client: httpx.AsyncClient, case: BadInput) -> str:
@@ -185,6 +205,7 @@ async def _send_bad_input(client: httpx.AsyncClient, case: BadInput) -> str:
 async def _send(client: httpx.AsyncClient, behaviour: Behaviour, rng: random.Random, plan: SoakPlan,
                 tally: SoakTally) -> str:
     path, body = _request(behaviour, rng, plan)
+    tally.paths[path] += 1
     if not body["stream"]:
         return await _send_non_streamed(client, path, body, tally)
     async with client.stream("POST", path, json=body) as r:
@@ -204,6 +225,8 @@ async def _send(client: httpx.AsyncClient, behaviour: Behaviour, rng: random.Ran
                 return await _leave_mid_stream(events, rng.randint(1, 4))
             if behaviour is Behaviour.LEAVE_AT_LAST_CHUNK:
                 return await _leave_at_last_chunk(events)
+            if path == "/responses":
+                return await _read_response_to_the_end(events, body)
             return await _read_to_the_end(events, behaviour, body)
 
 
@@ -220,14 +243,18 @@ async def _send_non_streamed(client: httpx.AsyncClient, path: str, body: dict, t
         raise Lost(f"status {r.status_code}: {r.text[:300]}")
     tally.admitted += 1
     answer = r.json()
-    _check_usage(answer["usage"], body, [c["finish_reason"] for c in answer["choices"]])
+    if path == "/responses":
+        _check_response(answer, body)
+    else:
+        _check_usage(answer["usage"], body, [c["finish_reason"] for c in answer["choices"]])
     return "complete"
 
 
 async def _sse_events(r: httpx.Response) -> AsyncIterator[dict | str]:
-    """The events of an SSE body, each a JSON object or "[DONE]"; anything else in the body is a loss."""
+    """The events of an SSE body, each a JSON object or "[DONE]" (the Responses API's `event:` lines, which
+    repeat their data's type, are passed over); anything else in the body is a loss."""
     async for line in r.aiter_lines():
-        if not line:
+        if not line or line.startswith("event: "):
             continue
         if not line.startswith("data: "):
             raise Lost(f"not an SSE data line: {line[:100]!r}")
@@ -279,6 +306,36 @@ async def _read_to_the_end(events: AsyncIterator[dict | str], behaviour: Behavio
             if choice.get("finish_reason"):
                 finish[choice["index"]] = choice["finish_reason"]
     raise Lost("the stream ended without [DONE] or an error event")
+
+
+async def _read_response_to_the_end(events: AsyncIterator[dict | str], body: dict) -> str:
+    """A whole Responses stream: events numbered 0, 1, 2, ... ending with the response completed or incomplete
+    (a consistent one, `_check_response`), or failed by the server's time limit."""
+    expected = 0
+    async for event in events:
+        if event == "[DONE]" or event["sequence_number"] != expected:
+            raise Lost(f"out of order in a Responses stream: {str(event)[:200]}")
+        expected += 1
+        if event["type"] == "response.failed":
+            error = event["response"]["error"]
+            if error["code"] == "request_timeout":
+                return "timed_out"
+            raise Lost(f"unexpected response.failed: {error}")
+        if event["type"] in ("response.completed", "response.incomplete"):
+            _check_response(event["response"], body)
+            return "complete"
+    raise Lost("a Responses stream ended without its response")
+
+
+def _check_response(response: dict, body: dict) -> None:
+    """Every token accounted for: 1 to max_output_tokens of them, exactly that many when the answer was cut."""
+    usage, limit = response["usage"], body["max_output_tokens"]
+    tokens = usage["output_tokens"]
+    cut = response["status"] == "incomplete"
+    if response["status"] not in ("completed", "incomplete") or not 1 <= tokens <= limit or (cut and tokens != limit):
+        raise Lost(f"response {response['status']} with usage {usage} for max_output_tokens={limit}")
+    if usage["total_tokens"] != usage["input_tokens"] + tokens or not response["output"]:
+        raise Lost(f"response usage {usage}, output {response['output']}")
 
 
 def _clean_stream_error(event: dict, behaviour: Behaviour) -> str:

@@ -121,7 +121,7 @@ def test_soak(server):
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": f"PAGEDLLM_SOAK_SECONDS={SOAK_SECONDS:g} pytest tests/test_soak.py",
         "clients": CLIENTS, "seconds_requested": SOAK_SECONDS, "seconds_held": round(held_s, 1),
-        "requests": tally.requests, "outcomes": dict(sorted(outcomes.items())),
+        "requests": tally.requests, "outcomes": dict(sorted(outcomes.items())), "endpoints": dict(tally.paths),
         "disconnects": sum(outcomes[name] for name in DISCONNECT_OUTCOMES),
         "injected_faults_survived": outcomes["failed_as_injected"], "timeouts": outcomes["timed_out"],
         "rejected_503": outcomes["rejected"], "bad_inputs_tried": outcomes["bad_input_refused"],
@@ -146,7 +146,7 @@ def test_soak(server):
     # nothing lost: every request ended complete or with a clean error, and the clients tried every behaviour
     assert tally.lost == [], tally.lost[:10]
     assert outcomes["complete"] > CLIENTS and outcomes["failed_as_injected"] > 0 and report["disconnects"] > 0
-    assert outcomes["bad_input_refused"] > 0
+    assert outcomes["bad_input_refused"] > 0 and len(tally.paths) == 3  # completions, chat, responses
     # nothing left behind, by /metrics: no request, KV block, stream or event-loop task
     assert report["kv_blocks_leaked"] == 0 and report["requests_left"] == 0 and report["streams_left"] == 0
     assert report["tasks_left"] == 0 and idle_after["pagedllm_requests_running"] == 0
