@@ -155,6 +155,7 @@ async def respond(
     finally:
         streams.close()
     choices, completion_tokens = [], 0
+    cached_tokens = sum(prompt_tokens_cached(out) for out in outputs)
     for p_index, (prompt, out) in enumerate(zip(job.prompts, outputs)):
         for choice in sorted(out.outputs, key=lambda c: c.index):
             choices.append(fmt.choice(p_index * job.n + choice.index, prompt, choice))
@@ -166,15 +167,21 @@ async def respond(
         "model": job.model,
         "system_fingerprint": None,
         "choices": choices,
-        "usage": _usage(job.prompt_tokens, completion_tokens),
+        "usage": _usage(job.prompt_tokens, completion_tokens, cached_tokens),
     })
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def prompt_tokens_cached(out: RequestOutput) -> int:
+    """The request's prompt tokens found in the prefix cache (set once it was scheduled)."""
+    return out.metrics.num_cached_tokens if out.metrics is not None else 0
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -216,9 +223,11 @@ async def _sse_events(streams: JobStreams, job: Job, fmt: Format, include_usage:
             yield "".join(chunk(choice) for choice in opening if choice is not None)
         finished: set[int] = set()
         completion_tokens = 0
+        cached_tokens: dict[int, int] = {}  # per prompt
         waiting_tokens, finishing, first = 0, False, True  # since the last write; no token written yet
         async with aclosing(streams.outputs()) as outputs:
             async for p_index, out in outputs:
+                cached_tokens[p_index] = prompt_tokens_cached(out)
                 for choice in out.outputs:
                     index = p_index * job.n + choice.index
                     if index in finished:
@@ -243,7 +252,7 @@ async def _sse_events(streams: JobStreams, job: Job, fmt: Format, include_usage:
         if events:
             yield "".join(events)
         if include_usage:
-            yield chunk(None, _usage(job.prompt_tokens, completion_tokens))
+            yield chunk(None, _usage(job.prompt_tokens, completion_tokens, sum(cached_tokens.values())))
         yield "data: [DONE]\n\n"
     except Exception as error:  # noqa: BLE001 - the status line is sent: report it in the stream
         yield "".join(events) + _sse(report(error).to_dict())

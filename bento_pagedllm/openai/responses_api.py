@@ -30,7 +30,7 @@ from ..outputs import RequestOutput
 from . import errors
 from .errors import OpenAIError
 from .protocol import FIELD_NAMES, ChatCompletionRequest, FunctionCallItem, FunctionCallOutputItem, ResponsesRequest
-from .responses import Job, JobStreams, SSEResponse, encode_json, until_disconnect
+from .responses import Job, JobStreams, SSEResponse, prompt_tokens_cached, encode_json, until_disconnect
 from .tools import ToolPlan, parse_calls
 
 
@@ -258,8 +258,7 @@ def _text_part(text: str) -> dict[str, Any]:
 def usage(job: Job, out: RequestOutput) -> dict[str, Any]:
     """The finished answer's token counts; `cached_tokens`: its prompt tokens found in the prefix cache."""
     output_tokens = len(out.outputs[0].token_ids)
-    cached = out.metrics.num_cached_tokens if out.metrics is not None else 0
-    return {"input_tokens": job.prompt_tokens, "input_tokens_details": {"cached_tokens": cached},
+    return {"input_tokens": job.prompt_tokens, "input_tokens_details": {"cached_tokens": prompt_tokens_cached(out)},
             "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": job.prompt_tokens + output_tokens}
 
