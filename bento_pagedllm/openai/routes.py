@@ -1,11 +1,12 @@
 """The OpenAI-compatible API as a Starlette app: `GET /models`, `POST /completions`, `POST /chat/completions`,
 `POST /responses` (responses_api.py: a chat request answered as a `response`).
 
-Both generation endpoints go the same way: parse the body (protocol.py), tokenize, turn the request into one
+The generation endpoints go the same way: parse the body (protocol.py), tokenize, turn the request into one
 `SamplingParams` per prompt (context window checked), then hand the `Job` to responses.py, which runs one
 engine request per prompt (the engine forks the `n` choices itself) and answers in one JSON body or as
-Server-Sent Events. What differs between the two endpoints (the prompt, how a choice and a streamed delta
-look) is a `Format` (formats.py).
+Server-Sent Events. What differs between completions and chat (the prompt, how a choice and a streamed delta
+look) is a `Format` (formats.py); a Responses request becomes a chat request (`_chat_job` serves both) and
+responses_api.py shapes its answer.
 
 An API request's engine requests are admitted together, synchronously, before the first byte of the answer:
 whatever refuses them (invalid, overloaded, shutting down) still gets its status code; responses.py closes
