@@ -122,6 +122,21 @@ async def test_streamed_events_rebuild_the_response(oai, http):
     assert streamed[-2].type == "response.output_item.done"
 
 
+async def test_log_probabilities_as_chat_reports_them(oai, http):
+    chat = await oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=0,
+                                             logprobs=True, top_logprobs=2)
+    request = dict(model=MODEL, input=HELLO[0]["content"], max_output_tokens=8, temperature=0,
+                   include=["message.output_text.logprobs"], top_logprobs=2)
+    response = await oai.responses.create(**request)
+    logprobs = response.output[0].content[0].logprobs
+    assert [lp.model_dump() for lp in logprobs] == [lp.model_dump() for lp in chat.choices[0].logprobs.content]
+    assert len(logprobs) == response.usage.output_tokens and all(len(lp.top_logprobs) == 2 for lp in logprobs)
+    events = typed_events((await http.post("/v1/responses", json={**request, "stream": True})).text)
+    streamed = [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert streamed == done["logprobs"] == [lp.model_dump() for lp in logprobs]
+
+
 # ---- structured outputs and tools ------------------------------------------------------------------------
 
 
@@ -194,8 +209,9 @@ async def test_required_makes_calls_and_their_outputs_go_back(oai, engine):
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
-    ({"input": "x", "include": ["message.output_text.logprobs"]}, "include"),
-    ({"input": "x", "top_logprobs": 2}, "top_logprobs"),
+    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
+    ({"input": "x", "top_logprobs": 2, "tools": [WEATHER]}, "logprobs"),
     ({"input": []}, "input"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
      "input[0].content[0].type"),

@@ -84,18 +84,18 @@ class ChatFormat(Format):
     def _logprobs(self, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
         if logprobs is None:
             return None
-        return {
-            "content": [
-                {**self._token(lp.token_id, lp.logprob),
-                 "top_logprobs": [self._token(token_id, logprob) for token_id, logprob in lp.top]}
-                for lp in logprobs
-            ],
-            "refusal": None,
-        }
+        return {"content": token_logprobs(self.texts, logprobs), "refusal": None}
 
-    def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
-        text, raw = self.texts.get(token_id)
+
+def token_logprobs(texts: "_TokenTexts", logprobs: list[TokenLogprob]) -> list[dict[str, Any]]:
+    """Chat's (and the Responses API's) form of each token's log-probability and its top alternatives."""
+
+    def token(token_id: int, logprob: float) -> dict[str, Any]:
+        text, raw = texts.get(token_id)
         return {"token": text, "logprob": max(logprob, MIN_LOGPROB), "bytes": list(raw)}
+
+    return [{**token(lp.token_id, lp.logprob), "top_logprobs": [token(i, logprob) for i, logprob in lp.top]}
+            for lp in logprobs]
 
 
 class CompletionFormat(Format):

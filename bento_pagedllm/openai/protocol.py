@@ -254,8 +254,8 @@ class ResponsesRequest(_Body):
     reasoning: Reasoning | None = None
     previous_response_id: str | None = None  # refused: no stored responses
     background: bool | None = None  # refused when true
-    include: list[str] | None = None  # refused when not empty: no extra output (log-probabilities, ...)
-    top_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None  # refused above 0
+    include: list[str] | None = None  # only "message.output_text.logprobs" is served
+    top_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
 
 FIELD_NAMES: frozenset[str] = frozenset(

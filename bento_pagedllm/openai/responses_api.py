@@ -30,8 +30,13 @@ from ..outputs import RequestOutput
 from . import errors
 from .errors import OpenAIError
 from .protocol import FIELD_NAMES, ChatCompletionRequest, FunctionCallItem, FunctionCallOutputItem, ResponsesRequest
+from ..sequence import TokenLogprob
+from .formats import _TokenTexts, token_logprobs
 from .responses import Job, JobStreams, SSEResponse, prompt_tokens_cached, encode_json, until_disconnect
 from .tools import ToolPlan, parse_calls
+
+
+LOGPROBS = "message.output_text.logprobs"  # what `include` may ask for: each output token's log-probability
 
 
 def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
@@ -41,11 +46,9 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
                           "conversation in input.", param="previous_response_id")
     if body.background:
         raise OpenAIError("background is not supported.", param="background")
-    if body.include:
-        raise OpenAIError(f"include is not supported (asked for {body.include[0]!r}).", param="include")
-    if body.top_logprobs:
-        raise OpenAIError("top_logprobs is not supported in responses (chat completions report them).",
-                          param="top_logprobs")
+    unknown = [name for name in body.include or [] if name != LOGPROBS]
+    if unknown:
+        raise OpenAIError(f"include {unknown[0]!r} is not supported (only {LOGPROBS!r}).", param="include")
     if body.reasoning is not None and body.reasoning.effort not in (None, "none"):
         raise OpenAIError("reasoning.effort is not supported: the served model does not reason.", param="reasoning")
     messages: list[dict[str, Any]] = []
@@ -73,6 +76,8 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         "temperature": body.temperature, "top_p": body.top_p, "stream": body.stream,
         "parallel_tool_calls": body.parallel_tool_calls, "response_format": _response_format(body),
     }
+    if LOGPROBS in (body.include or []) or body.top_logprobs:
+        fields.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
     if body.tools:
         fields["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}
                            for tool in body.tools]
@@ -130,14 +135,17 @@ class ResponseBuilder:
     JSON (it may be calls), then streams as a message. NOTE: one instance per request; events are encoded
     by the caller before it calls again (items are completed in place)."""
 
-    def __init__(self, job: Job, body: ResponsesRequest, plan: ToolPlan | None) -> None:
+    def __init__(self, job: Job, body: ResponsesRequest, plan: ToolPlan | None, texts: _TokenTexts) -> None:
         self.job = job
         self.plan = plan
+        self.texts = texts
         self.echoed = _echoed(body)
         self.output: list[dict[str, Any]] = []
         self._sequence = 0
         self._open: dict[str, Any] | None = None  # the message or function call being streamed
         self._text = ""  # the open item's text (a message's) or arguments (a call's)
+        self._logprobs: list[dict[str, Any]] = []  # the open message's tokens' (when asked for)
+        self._unsent_logprobs: list[TokenLogprob] = []  # tokens that added no text yet (a partial character)
         self._held: str | None = "" if plan is not None and plan.mode != "named" else None
         self.final: dict[str, Any] | None = None  # the whole response, once finished
 
@@ -166,7 +174,9 @@ class ResponseBuilder:
             "failed", error={"code": detail["code"] or detail["type"], "message": detail["message"]}))
 
     # ---- text in, items out ----------------------------------------------------------------------
-    def add_text(self, text: str) -> list[dict[str, Any]]:
+    def add_text(self, text: str, logprobs: list[TokenLogprob] | None = None) -> list[dict[str, Any]]:
+        """NOTE: `logprobs` only without tools (the chat path refuses both at once), so never held."""
+        self._unsent_logprobs += logprobs or []
         if not text:
             return []
         if self._held is None:
@@ -208,8 +218,11 @@ class ResponseBuilder:
         self._text += text
         where = {"item_id": self._open["id"], "output_index": len(self.output) - 1}
         if self._open["type"] == "message":
+            logprobs = token_logprobs(self.texts, self._unsent_logprobs)
+            self._logprobs += logprobs
+            self._unsent_logprobs = []
             events.append(self.event("response.output_text.delta", **where, content_index=0, delta=text,
-                                     logprobs=[]))
+                                     logprobs=logprobs))
         else:
             events.append(self.event("response.function_call_arguments.delta", **where, delta=text))
         return events
@@ -227,7 +240,7 @@ class ResponseBuilder:
                                "arguments": "", "call_id": f"call_{uuid.uuid4().hex[:24]}", "name": name})
 
     def _add_item(self, item: dict[str, Any]) -> list[dict[str, Any]]:
-        self._open, self._text = item, ""
+        self._open, self._text, self._logprobs = item, "", []
         self.output.append(item)
         return [self.event("response.output_item.added", output_index=len(self.output) - 1, item=dict(item))]
 
@@ -238,8 +251,10 @@ class ResponseBuilder:
         self._open = None
         where = {"item_id": item["id"], "output_index": len(self.output) - 1}
         if item["type"] == "message":
-            part = _text_part(text)
-            events = [self.event("response.output_text.done", **where, content_index=0, text=text, logprobs=[]),
+            self._logprobs += token_logprobs(self.texts, self._unsent_logprobs)  # NOTE: tokens of no text
+            part = _text_part(text, self._logprobs)
+            events = [self.event("response.output_text.done", **where, content_index=0, text=text,
+                                 logprobs=self._logprobs),
                       self.event("response.content_part.done", **where, content_index=0, part=part)]
             item["content"] = [part]
         else:
@@ -251,8 +266,8 @@ class ResponseBuilder:
         return events
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 
 def usage(job: Job, out: RequestOutput) -> dict[str, Any]:
@@ -279,7 +294,7 @@ async def respond_response(
     finally:
         streams.close()
     (choice,) = out.outputs
-    builder.add_text(choice.text)
+    builder.add_text(choice.text, choice.logprobs)
     builder.finish(choice.finish_reason, usage(job, out))
     return JSONResponse(builder.final)
 
@@ -299,7 +314,7 @@ async def _events(streams: JobStreams, job: Job, builder: ResponseBuilder,
         async with aclosing(streams.outputs()) as outputs:
             async for _, out in outputs:
                 (choice,) = out.outputs
-                pending += map(_sse, builder.add_text(choice.delta_text))
+                pending += map(_sse, builder.add_text(choice.delta_text, choice.delta_logprobs))
                 waiting_tokens += len(choice.delta_token_ids)
                 if choice.finished:
                     pending += map(_sse, builder.finish(choice.finish_reason, usage(job, out)))

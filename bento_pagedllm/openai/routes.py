@@ -229,8 +229,9 @@ class _Server:
         body = await self._parse(request, ResponsesRequest)
         engine = self._engine_for(body.model)
         job, tools = await _chat_job(chat_request(body), engine, "resp_", "input")
-        return await respond_response(request, engine, job, ResponseBuilder(job, body, tools), bool(body.stream),
-                                      self._reporter(request), self.stream_interval)
+        builder = ResponseBuilder(job, body, tools, token_texts(engine.tokenizer))
+        return await respond_response(request, engine, job, builder, bool(body.stream), self._reporter(request),
+                                      self.stream_interval)
 
 
 async def _chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, id_prefix: str,
