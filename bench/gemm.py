@@ -20,12 +20,20 @@ intermediate] product is never written nor read back (16,384 Llama-3-8B rows: 94
 470 MB written, a layer).
 
     python bench/gemm.py --swiglu --rows 8192,16384 --shapes llama2-7b,llama3-8b
+
+`--tunable`: PyTorch's TunableOp (each shape's cuBLAS/cuBLASLt algorithms timed on first use) in place of
+the Triton GEMM: whether cuBLAS's own choice leaves anything at these row counts.
+
+    python bench/gemm.py --tunable --rows 256,384,448,512,16384 --shapes llama3-8b
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import tempfile
+import time
 
 import torch
 import triton
@@ -175,7 +183,7 @@ def timed_us(fn, copies) -> float:
     return triton.testing.do_bench_cudagraph(lambda: [fn(c) for c in copies], rep=50) * 1e3 / len(copies)
 
 
-def measure(name: str, n: int, k: int, m: int, copies: list[torch.Tensor]) -> dict:
+def measure(name: str, n: int, k: int, m: int, copies: list[torch.Tensor], tunable: bool = False) -> dict:
     x = torch.randn(m, k, device="cuda", dtype=copies[0].dtype)
     out = torch.empty(m, n, device="cuda", dtype=x.dtype)
     flops = 2 * m * n * k
@@ -186,8 +194,36 @@ def measure(name: str, n: int, k: int, m: int, copies: list[torch.Tensor]) -> di
         us = timed_us(lambda w: torch.nn.functional.linear(x, w), copies)
         row[f"{library}_us"], row[f"{library}_tflops"] = us, flops / us / 1e6
     torch.backends.cuda.preferred_blas_library("cublas")
-    row.update(best_triton("triton", CONFIGS, lambda w, c: triton_matmul(x, w, c, out), ref, copies, flops))
+    if tunable:
+        row.update(tuned_linear(x, copies, flops))
+    else:
+        row.update(best_triton("triton", CONFIGS, lambda w, c: triton_matmul(x, w, c, out), ref, copies, flops))
     return row
+
+
+def tuned_linear(x: torch.Tensor, copies: list[torch.Tensor], flops: int) -> dict:
+    """F.linear through PyTorch's TunableOp: every cuBLAS / cuBLASLt algorithm its heuristics list for the
+    shape, timed once on first use (outside the graph), the fastest kept; then timed as the others are.
+    NOTE: only graphs could use it in the engine (tuning a new row count costs its time in the step)."""
+    from torch.cuda import tunable
+
+    tunable.enable(True)
+    tunable.tuning_enable(True)
+    tunable.set_filename(os.path.join(tempfile.gettempdir(), "tunableop_results.csv"))  # not the work tree
+    tunable.set_max_tuning_duration(200)  # ms a shape
+    try:
+        start = time.perf_counter()
+        torch.nn.functional.linear(x, copies[0])
+        torch.cuda.synchronize()
+        tuning_s = time.perf_counter() - start
+        tunable.tuning_enable(False)
+        us = timed_us(lambda w: torch.nn.functional.linear(x, w), copies)
+        chosen = [list(r) for r in tunable.get_results()][-1:]
+    finally:
+        tunable.tuning_enable(False)
+        tunable.enable(False)
+    return {"tunable_us": us, "tunable_tflops": flops / us / 1e6, "tunable_tuning_s": tuning_s,
+            "tunable_choice": chosen}
 
 
 def main() -> None:
@@ -195,6 +231,8 @@ def main() -> None:
     parser.add_argument("--rows", default="128,256,320,384,448,480,512,16384", help="comma-separated")
     parser.add_argument("--shapes", default="llama3-8b", help="only the shapes whose name starts with one of these")
     parser.add_argument("--swiglu", action="store_true", help="the gate/up projections with SiLU-and-multiply")
+    parser.add_argument("--tunable", action="store_true",
+                        help="PyTorch's TunableOp (cuBLAS algorithms timed per shape) instead of the Triton GEMM")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
@@ -214,7 +252,7 @@ def main() -> None:
         weight_bytes = n * k * w.element_size()
         copies = [w] + [w.clone() for _ in range(-(-(256 << 20) // weight_bytes) - 1)]
         for m in map(int, args.rows.split(",")):
-            rows.append(measure(name, n, k, m, copies if m <= 4096 else copies[:1]))
+            rows.append(measure(name, n, k, m, copies if m <= 4096 else copies[:1], args.tunable))
             print(json.dumps(rows[-1]), flush=True)
         del w, copies
     save({**device_facts(bandwidth), "rows": rows}, args.out)

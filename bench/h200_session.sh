@@ -360,6 +360,12 @@ case $part in
     # launches on a Llama-2-7B layer's o, gate/up and down (bench/persistent_mlp.py; run from bench/)
     (cd bench && run persistent_mlp 300 $PY persistent_mlp.py --layers 8 --variants ${VARIANTS:-dataflow,barriers} --out "$out/persistent_mlp.json")
     ;;
+  gemm_tunable)
+    # issue 5: what PyTorch's TunableOp (cuBLAS/cuBLASLt algorithms timed per shape) finds over cuBLAS's own
+    # choice at the decode graphs' row counts and prefill's (bench/gemm.py --tunable)
+    run gemm_tunable_llama3-8b 300 $PY bench/gemm.py --tunable --shapes llama3-8b --rows ${ROWS:-256,384,448,480,512,16384} --out "$out/gemm_tunable_llama3-8b.json"
+    run gemm_tunable_llama2-7b 200 $PY bench/gemm.py --tunable --shapes llama2-7b --rows ${ROWS:-256,384,512,16384} --out "$out/gemm_tunable_llama2-7b.json"
+    ;;
   gemm)
     # issue 5: the GEMMs of big decode steps and prefill, cuBLAS (as the model calls it), cuBLASLt and a
     # persistent Triton GEMM, TFLOP/s per row count of the decode ladder (bench/gemm.py)

@@ -1,8 +1,5 @@
 """Helpers shared by the tests that drive the OpenAI routes in process (tiny random Llama, real engine).
-
-Also a pytest plugin (conftest's `pytest_plugins`): the fixtures `engine` (one async engine a test module), `app`
-(the routes over it), `http` (httpx over ASGI) and `oai` (the official client over ASGI); a module may define
-its own `engine` or `app` instead (another size, other settings)."""
+(api_fixtures.py has the fixtures over them.)"""
 
 from __future__ import annotations
 
@@ -13,7 +10,6 @@ import time
 
 import httpx
 import openai
-import pytest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect
 from starlette.routing import Mount
@@ -140,28 +136,3 @@ async def call_asgi(app, path: str, payload: dict, *, disconnect_after: int | No
 def openai_client(app, api_key: str = "unused") -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url="http://test/v1", api_key=api_key, http_client=http_client(app),
                               max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def engine(tiny_llama3_dir):
-    engine = tiny_engine(tiny_llama3_dir)
-    yield engine
-    engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def app(engine):
-    return mount(lambda: engine)
-
-
-@pytest.fixture
-async def http(app):
-    async with http_client(app) as client:
-        yield client
-
-
-@pytest.fixture
-async def oai(app):
-    client = openai_client(app)
-    yield client
-    await client.close()

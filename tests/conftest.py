@@ -13,7 +13,7 @@ import tempfile
 import pytest
 import torch
 
-pytest_plugins = ["api_helpers"]  # the OpenAI routes' fixtures (engine, app, http, oai)
+pytest_plugins = ["api_fixtures"]  # the OpenAI routes' fixtures (engine, app, http, oai)
 
 # NOTE: before anything imports bentoml: an isolated model store for the whole session (and the servers it
 # starts), and a Prometheus directory so in-process /metrics works in BentoML's multiprocess mode.
