@@ -15,6 +15,11 @@ import pytest
 from api_helpers import HELLO, MODEL, call_asgi, error_of, wait_idle
 
 from bento_pagedllm.faults import InjectedFault
+from bento_pagedllm.openai.formats import token_texts
+from bento_pagedllm.openai.protocol import ResponsesRequest
+from bento_pagedllm.openai.responses import Job
+from bento_pagedllm.openai.responses_api import ResponseBuilder
+from bento_pagedllm.openai.tools import ToolPlan
 from bento_pagedllm.tokenizer import apply_chat_template
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
@@ -200,6 +205,48 @@ async def test_required_makes_calls_and_their_outputs_go_back(oai, engine):
         {"role": "tool", "tool_call_id": call.call_id, "content": "12:00"}], None)
     assert second.usage.input_tokens == len(expected)
     assert second.output[0].type == "message"
+
+
+def builder(plan: ToolPlan | None) -> ResponseBuilder:
+    job = Job("resp_test", 0, MODEL, 1, [], [])
+    return ResponseBuilder(job, ResponsesRequest(model=MODEL, input="x"), plan, token_texts(None))
+
+
+USAGE = {"input_tokens": 3, "output_tokens": 5}
+
+
+def test_under_auto_json_naming_a_tool_becomes_calls_and_text_streams_at_once():
+    plan = ToolPlan("auto", ({"name": "get_time", "parameters": TIME["parameters"]},))
+    calls = builder(plan)
+    assert calls.add_text(' {"name": "get_time", ') == [] and calls.add_text('"parameters": {"zone": "UTC"}}') == []
+    events = calls.finish("stop", USAGE)
+    assert [e["type"] for e in events] == [
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    (call,) = calls.final["output"]
+    assert call["type"] == "function_call" and call["name"] == "get_time" and call["status"] == "completed"
+    assert json.loads(call["arguments"]) == {"zone": "UTC"}
+
+    text = builder(plan)
+    assert [e["type"] for e in text.add_text("  Hel")] == [
+        "response.output_item.added", "response.content_part.added", "response.output_text.delta"]
+    assert text.add_text("lo")[0]["delta"] == "lo"
+    text.finish("length", USAGE)
+    assert text.final["status"] == "incomplete" and text.final["output"][0]["content"][0]["text"] == "  Hello"
+
+    # JSON that names no given tool is the answer's text, whole, at the end
+    other = builder(plan)
+    assert other.add_text('{"name": "nope"}') == []
+    other.finish("stop", USAGE)
+    assert other.final["output"][0]["type"] == "message"
+    assert other.final["output"][0]["content"][0]["text"] == '{"name": "nope"}'
+
+
+def test_an_empty_answer_is_still_a_message():
+    empty = builder(None)
+    empty.finish("stop", USAGE)
+    (item,) = empty.final["output"]
+    assert item["type"] == "message" and item["content"][0]["text"] == ""
 
 
 # ---- errors and disconnects ---------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from .protocol import FIELD_NAMES, ChatCompletionRequest, FunctionCallItem, Func
 from ..sequence import TokenLogprob
 from .formats import _TokenTexts, token_logprobs
 from .responses import Job, JobStreams, SSEResponse, prompt_tokens_cached, encode_json, until_disconnect
-from .tools import ToolPlan, parse_calls
+from .tools import ToolPlan, cannot_be_calls, parse_calls
 
 
 LOGPROBS = "message.output_text.logprobs"  # what `include` may ask for: each output token's log-probability
@@ -129,7 +129,7 @@ class ResponseBuilder:
     """One response's output items, and its stream's events, from the answer's text as it comes.
 
     `add_text(delta)` and `finish(...)` return the events that text adds (a caller that does not stream
-    drops them and reads `response()`). How the text becomes items depends on the tool plan (tools.py): no
+    drops them and answers `final`, the response `finish` completed). How the text becomes items depends on the tool plan (tools.py): no
     plan, a message streamed as it comes; a named function, one function call whose arguments stream; under
     "required" the text is held and read as calls at the end; under "auto" it is held only while it is
     JSON (it may be calls), then streams as a message. NOTE: one instance per request; events are encoded
@@ -182,8 +182,7 @@ class ResponseBuilder:
         if self._held is None:
             return self._stream(text)
         self._held += text
-        if self.plan is not None and self.plan.mode == "auto" and self._held.strip() \
-                and self._held.lstrip()[0] not in "{[":
+        if self.plan is not None and self.plan.mode == "auto" and cannot_be_calls(self._held):
             held, self._held = self._held, None  # NOTE: not JSON: a message from now on, with what was held
             return self._stream(held)
         return []

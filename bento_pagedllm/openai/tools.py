@@ -108,6 +108,13 @@ def parse_calls(text: str, plan: ToolPlan) -> list[tuple[str, str]] | None:
     return calls or None
 
 
+def cannot_be_calls(text: str) -> bool:
+    """Under "auto": the answer so far is text, not JSON (it does not start with `{` or `[`), so it will not
+    be read as calls and may stream as it comes."""
+    start = text.lstrip()
+    return bool(start) and start[0] not in "{["
+
+
 def _call(index: int, name: str, arguments: str) -> dict[str, Any]:
     return {"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": name, "arguments": arguments}}
@@ -137,7 +144,7 @@ class ToolCallFormat(ChatFormat):
         if index in self._as_text:
             return self._chunk(index, {"content": text}, None)
         held = self._held[index] = self._held.get(index, "") + text
-        if self.plan.mode == "auto" and held.strip() and held.lstrip()[0] not in "{[":
+        if self.plan.mode == "auto" and cannot_be_calls(held):
             self._as_text.add(index)  # NOTE: not JSON: text from now on, with what was held
             del self._held[index]
             return self._chunk(index, {"content": held}, None)
