@@ -9,6 +9,7 @@ only in the serving worker.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 
@@ -19,6 +20,7 @@ from bento_pagedllm.openai.routes import build_openai_app
 from bento_pagedllm.settings import ServiceSettings
 from bento_pagedllm.web import build_chat_app
 
+logger = logging.getLogger("bento_pagedllm.service")
 SETTINGS = ServiceSettings.from_env()
 PROBE_PATHS = frozenset({"/livez", "/healthz", "/readyz", "/metrics"})
 
@@ -29,6 +31,7 @@ openai_app = build_openai_app(
     max_body_bytes=SETTINGS.max_body_bytes,
     retry_after_s=SETTINGS.retry_after_seconds,
     stream_interval=SETTINGS.stream_interval,
+    model_sampling_defaults=SETTINGS.generation_config == "auto",
 )
 
 # NOTE: the page itself needs no key (it holds no data); it asks for one when /v1 answers 401.
@@ -65,6 +68,9 @@ class PagedLLM:
             token_hook=SETTINGS.fault_injection,  # None unless the operator turned it on
         )
         self.engine.start()
+        if SETTINGS.generation_config == "auto" and self.engine.prompts.sampling_defaults:
+            logger.info("the model's generation_config.json recommends %s: requests that leave these out get them "
+                        "(PAGEDLLM_GENERATION_CONFIG=none: OpenAI's defaults)", self.engine.prompts.sampling_defaults)
         self._drain_on_sigterm()
 
     def _drain_on_sigterm(self) -> None:

@@ -6,7 +6,7 @@ serving process builds its own from the same arguments, so it tokenizes and refu
 from __future__ import annotations
 
 from .config import EngineArgs, EngineConfigs
-from .loader import ModelSource, resolve_model
+from .loader import ModelSource, resolve_model, sampling_defaults
 from .sampling_params import SamplingParams
 from .tokenizer import apply_chat_template, encode_prompt, load_tokenizer
 
@@ -23,6 +23,9 @@ class PromptProcessor:
         self.configs: EngineConfigs = args.create_configs(self.source.config, self.source.path)
         self.model_config = self.configs.model
         self.tokenizer = load_tokenizer(self.source.tokenizer_dir) if self.source.tokenizer_dir else None
+        # the model's recommended sampling parameters (generation_config.json): the API's defaults for the
+        # fields a request leaves out, unless the server is told to ignore them
+        self.sampling_defaults = sampling_defaults(self.source)
 
     def tokenize(self, prompt: PromptType) -> list[int]:
         if isinstance(prompt, str):

@@ -14,6 +14,7 @@
 | PAGEDLLM_MAX_BODY_BYTES | 4194304 | largest request body (413 past it) |
 | PAGEDLLM_STREAM_INTERVAL | 1 | a streamed answer is written once at least this many new tokens wait (or it ends) |
 | PAGEDLLM_ENGINE_PROCESS | auto | run the engine in a child process, off the HTTP worker's GIL (auto: on with CUDA) |
+| PAGEDLLM_GENERATION_CONFIG | auto | auto: sampling fields a request leaves out take the model's generation_config.json values (vLLM's default); none: OpenAI's defaults |
 | PAGEDLLM_FAULT_INJECTION_SEED | unset | test hook: requests with this `seed` fail inside the engine |
 | PAGEDLLM_FAULT_INJECTION_AFTER_TOKENS | 1 | ... at this generated token |
 | PAGEDLLM_DTYPE | auto | float32 / float16 / bfloat16 (auto: bf16 on CUDA, fp32 on CPU) |
@@ -56,6 +57,12 @@ def _parse_bool(raw: str) -> bool:
     raise ValueError("expected true or false")
 
 
+def _generation_config(raw: str) -> str:
+    if raw not in ("auto", "none"):
+        raise ValueError("expected auto or none")
+    return raw
+
+
 def _origins(raw: str) -> tuple[str, ...]:
     return tuple(origin.strip() for origin in raw.split(",") if origin.strip())
 
@@ -75,6 +82,7 @@ _SERVICE_FIELDS = {
     "open_health_and_metrics": _parse_bool, "cors_allow_origins": _origins, "max_waiting_requests": int,
     "retry_after_seconds": int, "request_timeout_seconds": float, "shutdown_grace_seconds": float,
     "max_body_bytes": int, "stream_interval": int, "engine_process": _parse_bool,
+    "generation_config": _generation_config,
 }
 
 
@@ -111,6 +119,9 @@ class ServiceSettings:
     # streams would otherwise share one GIL with the engine (BENCHMARKS.md); on the CPU the engine's
     # threads need the cores more than the HTTP work does.
     engine_process: bool | None = None
+    # "auto": the model's recommended sampling parameters (generation_config.json) are the API's defaults,
+    # as in vLLM since 0.6.5 (`--generation-config auto`); "none": OpenAI's
+    generation_config: str = "auto"
     fault_injection: FaultInjection | None = None
     engine: dict = field(default_factory=dict)
 

