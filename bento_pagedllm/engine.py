@@ -432,9 +432,16 @@ class LLM:
     ) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
+        if params is None:
+            params = self.default_sampling_params()
         params_list = list(params) if isinstance(params, SequenceABC) else [params] * len(prompts)
         ids = [self.engine.add_request(None, p, sp).request_id for p, sp in zip(prompts, params_list)]
         return self._run(ids)
+
+    def default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use when given no params: SamplingParams' defaults, with the sampling
+        the model's authors recommend in its generation_config.json (as vLLM's LLM does)."""
+        return SamplingParams(**self.engine.prompts.sampling_defaults)
 
     def chat(self, conversations, params: SamplingParams | None = None) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"} dicts) or a list of them."""

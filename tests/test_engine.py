@@ -1,5 +1,8 @@
 """Engine behaviour through the public API: choices, stops, limits, seeds, logprobs, penalties, aborts."""
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -308,3 +311,19 @@ def test_the_eager_warm_up_step_reads_the_cache_and_writes_nothing(tiny_llama3_d
     assert torch.equal(runner.kv_cache, cache)
     runner.kv_cache.zero_()
     assert llm.generate([[5, 6, 7, 8]], params)[0].outputs[0].token_ids == expected
+
+
+def test_generate_without_params_takes_the_models_recommended_sampling(tiny_llama3_dir, tmp_path):
+    """As vLLM's LLM: no SamplingParams means the model's generation_config.json sampling (here top_k 1, so
+    greedy, and 4 tokens), not just SamplingParams' defaults."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_llama3_dir, model_dir)
+    config = json.loads((model_dir / "generation_config.json").read_text())
+    (model_dir / "generation_config.json").write_text(json.dumps({**config, "top_k": 1, "max_new_tokens": 4}))
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", num_kv_blocks=64)
+    assert llm.default_sampling_params() == SamplingParams(top_k=1, max_tokens=4)
+    prompt = [[5, 6, 7, 8]]
+    (plain,) = llm.generate(prompt)
+    (greedy,) = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    assert plain.outputs[0].token_ids == greedy.outputs[0].token_ids[:len(plain.outputs[0].token_ids)]
+    assert len(plain.outputs[0].token_ids) <= 4
