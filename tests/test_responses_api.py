@@ -135,6 +135,9 @@ async def test_log_probabilities_as_chat_reports_them(oai, http):
     response = await oai.responses.create(**request)
     logprobs = response.output[0].content[0].logprobs
     assert [lp.model_dump() for lp in logprobs] == [lp.model_dump() for lp in chat.choices[0].logprobs.content]
+    # what names items this server never makes adds nothing (Codex-style clients send it)
+    plain = await oai.responses.create(**{**request, "include": ["reasoning.encrypted_content"], "top_logprobs": 0})
+    assert plain.output_text == response.output_text and plain.output[0].content[0].logprobs == []
     assert len(logprobs) == response.usage.output_tokens and all(len(lp.top_logprobs) == 2 for lp in logprobs)
     events = typed_events((await http.post("/v1/responses", json={**request, "stream": True})).text)
     streamed = [lp for e in events if e["type"] == "response.output_text.delta" for lp in e["logprobs"]]
@@ -256,7 +259,7 @@ def test_an_empty_answer_is_still_a_message():
     ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "reasoning": {"effort": "high"}}, "reasoning"),
-    ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+    ({"input": "x", "include": ["message.output_text.nope"]}, "include"),
     ({"input": "x", "top_logprobs": 21}, "top_logprobs"),
     ({"input": "x", "top_logprobs": 2, "tools": [WEATHER]}, "logprobs"),
     ({"input": []}, "input"),

@@ -37,6 +37,12 @@ from .tools import ToolPlan, cannot_be_calls, parse_calls
 
 
 LOGPROBS = "message.output_text.logprobs"  # what `include` may ask for: each output token's log-probability
+# the rest of OpenAI's includables name parts of items this server never makes (tool calls it does not run,
+# image inputs, reasoning): asking for them adds nothing, as it would at OpenAI for an answer without them
+NOTHING_TO_INCLUDE = frozenset({
+    "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+    "message.input_image.image_url", "computer_call_output.output.image_url", "code_interpreter_call.outputs",
+    "reasoning.encrypted_content"})
 
 
 def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
@@ -46,9 +52,9 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
                           "conversation in input.", param="previous_response_id")
     if body.background:
         raise OpenAIError("background is not supported.", param="background")
-    unknown = [name for name in body.include or [] if name != LOGPROBS]
+    unknown = [name for name in body.include or [] if name != LOGPROBS and name not in NOTHING_TO_INCLUDE]
     if unknown:
-        raise OpenAIError(f"include {unknown[0]!r} is not supported (only {LOGPROBS!r}).", param="include")
+        raise OpenAIError(f"include {unknown[0]!r} is not one of OpenAI's includables.", param="include")
     if body.reasoning is not None and body.reasoning.effort not in (None, "none"):
         raise OpenAIError("reasoning.effort is not supported: the served model does not reason.", param="reasoning")
     messages: list[dict[str, Any]] = []
