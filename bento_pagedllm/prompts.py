@@ -5,6 +5,9 @@ serving process builds its own from the same arguments, so it tokenizes and refu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from .config import EngineArgs, EngineConfigs
 from .loader import ModelSource, resolve_model, sampling_defaults
 from .sampling_params import SamplingParams
@@ -34,11 +37,15 @@ class PromptProcessor:
             return encode_prompt(self.tokenizer, prompt)
         return list(prompt)
 
-    def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        """The chat rendered by the model's template; `tools` (OpenAI's form) go to the template too."""
+    def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None, *,
+                        add_generation_prompt: bool = True, continue_final_message: bool = False,
+                        template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+        """The chat rendered by the model's template; `tools` (OpenAI's form) go to the template too
+        (tokenizer.apply_chat_template says what the rest do)."""
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer, so no chat template")
-        return apply_chat_template(self.tokenizer, messages, tools=tools)
+        return apply_chat_template(self.tokenizer, messages, add_generation_prompt, tools, continue_final_message,
+                                   template_kwargs)
 
     def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
         """Raise `RequestError` for a request the engine could not serve."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
@@ -32,15 +32,19 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
 
 def apply_chat_template(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict], add_generation_prompt: bool = True,
-    tools: list[dict] | None = None,
+    tools: list[dict] | None = None, continue_final_message: bool = False,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> list[int]:
-    """Token ids of a chat rendered with the model's chat template.
+    """Token ids of a chat rendered with the model's chat template. `continue_final_message`: the last
+    (assistant) message is left open, for the answer to go on from it; `template_kwargs`: more variables for
+    the template (e.g. a model's `enable_thinking`).
 
     NOTE: transformers 5 returns a `BatchEncoding` by default; we ask for a plain list and still unwrap a
     mapping, so callers always get `list[int]`.
     """
     ids = tokenizer.apply_chat_template(
-        messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+        messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False,
+        continue_final_message=continue_final_message, **(template_kwargs or {}),
     )
     if isinstance(ids, Mapping):
         ids = ids["input_ids"]

@@ -380,6 +380,32 @@ async def test_the_models_generation_config_sets_the_sampling_defaults(tiny_llam
         engine.shutdown()
 
 
+async def test_chat_template_options(engine, http):
+    """vLLM's add_generation_prompt, continue_final_message and chat_template_kwargs reach the template."""
+    opened = [*HELLO, {"role": "assistant", "content": "Well, I think"}]
+    body = {"model": MODEL, "messages": opened, "max_tokens": 3, "temperature": 0,
+            "add_generation_prompt": False, "continue_final_message": True}
+    r = await http.post("/v1/chat/completions", json=body)
+    expected = apply_chat_template(engine.tokenizer, opened, add_generation_prompt=False, continue_final_message=True)
+    assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(expected)
+    assert engine.tokenizer.decode(expected).endswith("Well, I think")  # the turn left open
+    r = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1,
+                                                      "add_generation_prompt": False})
+    assert r.json()["usage"]["prompt_tokens"] == len(apply_chat_template(engine.tokenizer, HELLO, False))
+
+    tokenizer = engine.prompts.tokenizer
+    template = tokenizer.chat_template
+    tokenizer.chat_template = "{{ greeting | default('') }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    request = {"model": MODEL, "messages": HELLO, "max_tokens": 1}
+    try:
+        plain = (await http.post("/v1/chat/completions", json=request)).json()
+        greeted = (await http.post("/v1/chat/completions", json={
+            **request, "chat_template_kwargs": {"greeting": "Hello hello hello. "}})).json()
+    finally:
+        tokenizer.chat_template = template
+    assert greeted["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"]
+
+
 async def test_stop(oai, engine):
     prompt = "Once upon a time there was"
     ids = engine.tokenizer(prompt).input_ids
@@ -458,6 +484,10 @@ BAD_REQUESTS = [
      400, "structured_outputs", None),
     ("/completions", {"model": MODEL, "prompt": "x", "structured_outputs": {"grammar": "start: nothing"}}, 400,
      "structured_outputs", None),
+    ("/chat/completions", {**CHAT, "continue_final_message": True}, 400, "continue_final_message", None),
+    ("/chat/completions", {**CHAT, "continue_final_message": True, "add_generation_prompt": False}, 400,
+     "continue_final_message", None),
+    ("/chat/completions", {**CHAT, "chat_template_kwargs": {"tokenize": False}}, 400, "chat_template_kwargs", None),
     ("/completions", {"model": "gpt-4o", "prompt": "x"}, 404, None, "model_not_found"),
     ("/chat/completions", {"model": "gpt-4o", "messages": HELLO}, 404, None, "model_not_found"),
 ]

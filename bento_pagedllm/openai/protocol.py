@@ -163,6 +163,11 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's chat template options: end the prompt with the assistant's turn opened (the default), or leave
+    # the last (assistant) message open for the answer to continue it; more variables for the template
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 # ---- POST /responses (OpenAI's Responses API; responses_api.py answers it through the chat path) --------

@@ -17,6 +17,7 @@ ones included, sits behind the API key when one is set (auth.py).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -256,12 +257,13 @@ async def _chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, default
     if tools is not None and body.logprobs:
         raise OpenAIError("logprobs are not supported with tools (tool_choice \"none\" allows them).",
                           param="logprobs")
-    template_tools = tools.template_tools() if tools is not None else None
+    render = functools.partial(engine.prompts.chat_prompt_ids, messages,
+                               tools.template_tools() if tools is not None else None, **_template_options(body))
     try:
         if len(messages) > MANY_MESSAGES or sum(len(m["content"]) for m in messages) > LONG_INPUT_CHARS:
-            ids = await asyncio.to_thread(engine.prompts.chat_prompt_ids, messages, template_tools)
+            ids = await asyncio.to_thread(render)
         else:
-            ids = engine.prompts.chat_prompt_ids(messages, template_tools)
+            ids = render()
     except TemplateError as error:
         raise OpenAIError(f"The chat template rejected the {noun}: {error}", param=noun) from None
     prompts = [Prompt(ids, None)]
@@ -274,6 +276,26 @@ async def _chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, default
         base = replace(base, structured_outputs=_constraint("tools", json=schema))
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return _job(id_prefix, body, prompts, _fit_context(engine, base, prompts, max_tokens, noun, defaults)), tools
+
+
+# what the chat template call takes itself: chat_template_kwargs may not set these
+_TEMPLATE_ARGUMENTS = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+                                 "tokenize", "return_dict", "chat_template", "padding", "truncation"})
+
+
+def _template_options(body: ChatCompletionRequest) -> dict[str, Any]:
+    """vLLM's chat template options, checked: `continue_final_message` continues an assistant message, so it
+    cannot also open a new turn."""
+    add, cont = body.add_generation_prompt is not False, bool(body.continue_final_message)
+    if cont and add:
+        raise OpenAIError("continue_final_message needs add_generation_prompt false.", param="continue_final_message")
+    if cont and body.messages[-1].role != "assistant":
+        raise OpenAIError("continue_final_message needs the last message to be the assistant's.",
+                          param="continue_final_message")
+    kwargs = body.chat_template_kwargs or {}
+    if taken := sorted(_TEMPLATE_ARGUMENTS & set(kwargs)):
+        raise OpenAIError(f"chat_template_kwargs may not set {taken[0]!r}.", param="chat_template_kwargs")
+    return {"add_generation_prompt": add, "continue_final_message": cont, "template_kwargs": kwargs}
 
 
 def _too_large(limit: int) -> OpenAIError:
