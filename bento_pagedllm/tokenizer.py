@@ -6,6 +6,8 @@ Text is always produced by the fast (Rust) tokenizer that transformers wraps, so
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 import weakref
 from collections.abc import Mapping, Sequence
@@ -28,6 +30,16 @@ def load_tokenizer(tokenizer_dir: str) -> PreTrainedTokenizerBase:
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Token ids of a raw prompt, with the tokenizer's own special-token handling (e.g. a BOS it adds)."""
     return list(tokenizer(text).input_ids)
+
+
+@functools.lru_cache(maxsize=1)
+def chat_template_call_arguments() -> frozenset[str]:
+    """The names transformers' `apply_chat_template` takes itself (and `messages`, the template's variable):
+    extra template variables may not use them (a `return_tensors` would change what comes back)."""
+    from transformers import PreTrainedTokenizerBase
+
+    names = set(inspect.signature(PreTrainedTokenizerBase.apply_chat_template).parameters) - {"self", "kwargs"}
+    return frozenset(names | {"messages"})
 
 
 def apply_chat_template(

@@ -488,6 +488,8 @@ BAD_REQUESTS = [
     ("/chat/completions", {**CHAT, "continue_final_message": True, "add_generation_prompt": False}, 400,
      "continue_final_message", None),
     ("/chat/completions", {**CHAT, "chat_template_kwargs": {"tokenize": False}}, 400, "chat_template_kwargs", None),
+    ("/chat/completions", {**CHAT, "chat_template_kwargs": {"return_tensors": "pt"}}, 400, "chat_template_kwargs",
+     None),
     ("/completions", {"model": "gpt-4o", "prompt": "x"}, 404, None, "model_not_found"),
     ("/chat/completions", {"model": "gpt-4o", "messages": HELLO}, 404, None, "model_not_found"),
 ]

@@ -44,6 +44,7 @@ from ..async_engine import (
 from ..engine import RequestError
 from ..sampling_params import SamplingParams
 from ..structured_output import StructuredOutputs
+from ..tokenizer import chat_template_call_arguments
 from . import errors
 from .auth import APIKeyMiddleware
 from .errors import OpenAIError
@@ -278,11 +279,6 @@ async def _chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, default
     return _job(id_prefix, body, prompts, _fit_context(engine, base, prompts, max_tokens, noun, defaults)), tools
 
 
-# what the chat template call takes itself: chat_template_kwargs may not set these
-_TEMPLATE_ARGUMENTS = frozenset({"messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
-                                 "tokenize", "return_dict", "chat_template", "padding", "truncation"})
-
-
 def _template_options(body: ChatCompletionRequest) -> dict[str, Any]:
     """vLLM's chat template options, checked: `continue_final_message` continues an assistant message, so it
     cannot also open a new turn."""
@@ -293,7 +289,7 @@ def _template_options(body: ChatCompletionRequest) -> dict[str, Any]:
         raise OpenAIError("continue_final_message needs the last message to be the assistant's.",
                           param="continue_final_message")
     kwargs = body.chat_template_kwargs or {}
-    if taken := sorted(_TEMPLATE_ARGUMENTS & set(kwargs)):
+    if taken := sorted(chat_template_call_arguments() & set(kwargs)):
         raise OpenAIError(f"chat_template_kwargs may not set {taken[0]!r}.", param="chat_template_kwargs")
     return {"add_generation_prompt": add, "continue_final_message": cont, "template_kwargs": kwargs}
 
