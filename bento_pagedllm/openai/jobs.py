@@ -1,0 +1,254 @@
+"""From a parsed request to the engine's `Job` (responses.py runs it): the prompts tokenized or rendered by the
+chat template, one `SamplingParams` per prompt with the request's sampling fields (or the model's recommended
+defaults), its structured-output or tool constraint, and the context window checked. Every refusal is an
+`OpenAIError` (a 400 naming the parameter), raised before anything reaches the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from ..async_engine import AsyncLLMEngine
+from ..engine import RequestError
+from ..sampling_params import SamplingParams
+from ..structured_output import StructuredOutputs
+from ..tokenizer import chat_template_call_arguments
+from .errors import OpenAIError
+from .formats import Prompt
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .responses import Job
+from .tools import ToolPlan, plan_tools, template_message
+
+try:
+    from jinja2 import TemplateError
+except ImportError:  # pragma: no cover - transformers needs jinja2 for chat templates anyway
+    TemplateError = ValueError  # type: ignore[misc,assignment]
+
+LONG_INPUT_CHARS = 2048  # tokenize longer inputs in a worker thread, off the event loop
+MANY_MESSAGES = 64  # render longer conversations in a worker thread too
+T = TypeVar("T")
+
+
+async def completion_job(body: CompletionRequest, engine: AsyncLLMEngine, defaults: Mapping[str, float | int]) -> Job:
+    """A completions request's job: each prompt tokenized, with its sampling parameters."""
+    n = body.n or 1
+    if body.suffix is not None:
+        raise OpenAIError("suffix is not supported.", param="suffix")
+    if body.best_of is not None and body.best_of != n:
+        raise OpenAIError("best_of is supported only when equal to n.", param="best_of")
+    if body.echo and body.logprobs is not None:
+        raise OpenAIError("echo with logprobs is not supported (no prompt logprobs).", param="echo")
+    texts = _completion_prompts(body.prompt)
+    limit = engine.limits.max_waiting_requests
+    if limit is not None and len(texts) > limit:  # NOTE: never admissible: a 503 would invite retries
+        raise OpenAIError(f"The prompt holds {len(texts)} prompts; this server takes at most {limit} in one "
+                          "request.", param="prompt")
+    prompts = [await _tokenize(engine, p) for p in texts]
+    base = _base_params(body, engine, defaults, logprobs=body.logprobs)
+    return _job("cmpl-", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt", defaults))
+
+
+async def chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, defaults: Mapping[str, float | int],
+                    id_prefix: str, noun: str) -> tuple[Job, ToolPlan | None]:
+    """A chat request's job (its prompt rendered by the chat template, its sampling parameters, the tools'
+    constraint) and its tool plan: for /chat/completions and /responses alike (`noun`: what errors call the
+    conversation)."""
+    if body.top_logprobs is not None and not body.logprobs:
+        raise OpenAIError("logprobs must be true when top_logprobs is set.", param="top_logprobs")
+    messages = [template_message(message) for message in body.messages]
+    tools = plan_tools(body)
+    if tools is not None and body.logprobs:
+        raise OpenAIError("logprobs are not supported with tools (tool_choice \"none\" allows them).",
+                          param="logprobs")
+    render = functools.partial(engine.prompts.chat_prompt_ids, messages,
+                               tools.template_tools() if tools is not None else None, **_template_options(body))
+    try:
+        if len(messages) > MANY_MESSAGES or sum(len(m["content"]) for m in messages) > LONG_INPUT_CHARS:
+            ids = await asyncio.to_thread(render)
+        else:
+            ids = render()
+    except TemplateError as error:
+        raise OpenAIError(f"The chat template rejected the {noun}: {error}", param=noun) from None
+    prompts = [Prompt(ids, None)]
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    base = _base_params(body, engine, defaults, logprobs=logprobs)
+    if tools is not None and (schema := tools.constraint_schema()) is not None:
+        if base.structured_outputs is not None:
+            raise OpenAIError("A tool_choice that forces a call cannot be combined with response_format or "
+                              "structured_outputs.", param="tool_choice")
+        base = replace(base, structured_outputs=_constraint("tools", json=schema))
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    return _job(id_prefix, body, prompts, _fit_context(engine, base, prompts, max_tokens, noun, defaults)), tools
+
+
+def _template_options(body: ChatCompletionRequest) -> dict[str, Any]:
+    """vLLM's chat template options, checked: `continue_final_message` continues an assistant message, so it
+    cannot also open a new turn."""
+    add, cont = body.add_generation_prompt is not False, bool(body.continue_final_message)
+    if cont and add:
+        raise OpenAIError("continue_final_message needs add_generation_prompt false.", param="continue_final_message")
+    if cont and body.messages[-1].role != "assistant":
+        raise OpenAIError("continue_final_message needs the last message to be the assistant's.",
+                          param="continue_final_message")
+    kwargs = body.chat_template_kwargs or {}
+    if taken := sorted(chat_template_call_arguments() & set(kwargs)):
+        raise OpenAIError(f"chat_template_kwargs may not set {taken[0]!r}.", param="chat_template_kwargs")
+    return {"add_generation_prompt": add, "continue_final_message": cont, "template_kwargs": kwargs}
+
+
+# ---- from request to SamplingParams: shared by the endpoints ------------------------------------------
+
+
+def _completion_prompts(prompt: str | list) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise OpenAIError("prompt must not be an empty list.", param="prompt")
+    if isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+async def _tokenize(engine: AsyncLLMEngine, prompt: str | list[int]) -> Prompt:
+    if not isinstance(prompt, str):
+        return Prompt(list(prompt), None)
+    if len(prompt) > LONG_INPUT_CHARS:
+        return Prompt(await asyncio.to_thread(engine.prompts.tokenize, prompt), prompt)
+    return Prompt(engine.prompts.tokenize(prompt), prompt)
+
+
+def _base_params(
+    body: CompletionRequest | ChatCompletionRequest, engine: AsyncLLMEngine, defaults: Mapping[str, float | int], *,
+    logprobs: int | None
+) -> SamplingParams:
+    """The request's SamplingParams, `max_tokens` left to `_fit_context`; `defaults` for the fields it leaves
+    out (the model's recommendations), then OpenAI's."""
+    if body.stream_options is not None and not body.stream:
+        raise OpenAIError("stream_options is only allowed when stream is true.", param="stream_options")
+    vocab = engine.prompts.model_config.vocab_size
+    stop_token_ids = body.stop_token_ids or []
+    if any(t >= vocab for t in stop_token_ids):
+        raise OpenAIError(f"stop_token_ids must be in [0, {vocab}).", param="stop_token_ids")
+    logit_bias = _logit_bias(body.logit_bias, vocab)
+    structured_outputs = _structured_outputs(body)
+    try:
+        return SamplingParams(
+            n=body.n or 1,
+            temperature=_default(body.temperature, defaults.get("temperature", 1.0)),
+            top_p=_default(body.top_p, defaults.get("top_p", 1.0)),
+            top_k=_default(body.top_k, defaults.get("top_k", -1)),
+            min_p=_default(body.min_p, defaults.get("min_p", 0.0)),
+            repetition_penalty=_default(body.repetition_penalty, defaults.get("repetition_penalty", 1.0)),
+            presence_penalty=_default(body.presence_penalty, 0.0),
+            frequency_penalty=_default(body.frequency_penalty, 0.0),
+            seed=body.seed,
+            max_tokens=None,
+            min_tokens=body.min_tokens or 0,
+            stop=body.stop,
+            stop_token_ids=stop_token_ids,
+            ignore_eos=bool(body.ignore_eos),
+            logprobs=logprobs,
+            logit_bias=logit_bias,
+            structured_outputs=structured_outputs,
+        )
+    except ValueError as error:
+        raise OpenAIError(str(error)) from None
+
+
+def _structured_outputs(body: CompletionRequest | ChatCompletionRequest) -> StructuredOutputs | None:
+    """OpenAI's `response_format` or vLLM's `structured_outputs` (not both) as the engine's constraint;
+    a schema, expression or grammar that does not parse is a 400 with the parser's message."""
+    fmt, extension = body.response_format, body.structured_outputs
+    if fmt is not None and fmt.type != "text":
+        if extension is not None:
+            raise OpenAIError("Give response_format or structured_outputs, not both.", param="structured_outputs")
+        if fmt.type == "json_object":
+            return _constraint("response_format", json_object=True)
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise OpenAIError("response_format of type json_schema needs json_schema.schema.",
+                              param="response_format")
+        return _constraint("response_format", json=json.dumps(fmt.json_schema.schema_))
+    if extension is None:
+        return None
+    schema = extension.json_
+    return _constraint(
+        "structured_outputs", json=schema if schema is None or isinstance(schema, str) else json.dumps(schema),
+        json_object=bool(extension.json_object), regex=extension.regex,
+        choice=None if extension.choice is None else tuple(extension.choice), grammar=extension.grammar,
+    )
+
+
+def _constraint(param: str, **fields: Any) -> StructuredOutputs:
+    try:
+        return StructuredOutputs(**fields)
+    except ValueError as error:
+        raise OpenAIError(f"Invalid {param}: {error}", param=param) from None
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab: int) -> dict[int, float] | None:
+    """OpenAI's logit_bias (token ids as strings; the biases already bounded by the protocol) as token
+    id -> bias."""
+    if not bias:
+        return None
+    parsed = {}
+    for key, value in bias.items():
+        token = int(key) if key.strip().isdecimal() else -1
+        if not 0 <= token < vocab:
+            raise OpenAIError(f"logit_bias keys must be token ids in [0, {vocab}); got {key!r}.", param="logit_bias")
+        parsed[token] = value
+    return parsed
+
+
+def _default(value: T | None, default: T) -> T:
+    return default if value is None else value
+
+
+def _fit_context(
+    engine: AsyncLLMEngine, base: SamplingParams, prompts: list[Prompt], max_tokens: int | None, noun: str,
+    defaults: Mapping[str, float | int],
+) -> list[SamplingParams]:
+    """One SamplingParams per prompt, with its max_tokens (by default the rest of the context window, at most
+    the model's recommended `max_tokens` when it has one)."""
+    limit = engine.prompts.configs.scheduler.max_model_len
+    params = []
+    for prompt in prompts:
+        used = len(prompt.token_ids)
+        if max_tokens is None:
+            if used >= limit:
+                raise OpenAIError(
+                    f"This model's maximum context length is {limit} tokens. However, your {noun} resulted in "
+                    f"{used} tokens, which leaves no room for the completion. Please reduce the length of the "
+                    f"{noun} by {used - limit + 1} tokens.",
+                    param=noun, code="context_length_exceeded",
+                )
+            budget = min(limit - used, int(defaults.get("max_tokens", limit)))
+        elif used + max_tokens > limit:
+            raise OpenAIError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{used + max_tokens} tokens ({used} in the {noun}, {max_tokens} in the completion). Please "
+                f"reduce the length of the {noun} or completion by {used + max_tokens - limit} tokens.",
+                param=noun, code="context_length_exceeded",
+            )
+        else:
+            budget = max_tokens
+        if base.min_tokens > budget:
+            raise OpenAIError(f"min_tokens must be at most max_tokens ({budget}).", param="min_tokens")
+        params_i = replace(base, max_tokens=budget)
+        try:
+            engine.prompts.validate_prompt(prompt.token_ids, params_i)
+        except RequestError as error:
+            raise OpenAIError(str(error), param=noun) from None
+        params.append(params_i)
+    return params
+
+
+def _job(id_prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[Prompt],
+         params: list[SamplingParams]) -> Job:
+    return Job(f"{id_prefix}{uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts, params)
