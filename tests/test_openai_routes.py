@@ -367,6 +367,10 @@ async def test_the_models_generation_config_sets_the_sampling_defaults(tiny_llam
                                                                           "max_tokens": 6})).json()
                 explicit = (await client.post("/v1/chat/completions", json={**chat, "top_k": -1,
                                                                             "max_tokens": 6})).json()
+                response = (await client.post("/v1/responses", json={"model": MODEL, "input": "Hi",
+                                                                     "max_output_tokens": 2})).json()
+            # a response repeats the sampling it got: the model's temperature, or OpenAI's default
+            assert response["temperature"] == (0.7 if defaults else 1.0) and response["top_p"] == 1.0
             if defaults:
                 assert left_out["usage"]["completion_tokens"] == 6
                 assert left_out["choices"][0]["message"] == greedy["choices"][0]["message"]

@@ -14,6 +14,7 @@ import pydantic
 import pytest
 from api_helpers import HELLO, MODEL, call_asgi, error_of, wait_idle
 
+from bento_pagedllm import SamplingParams
 from bento_pagedllm.faults import InjectedFault
 from bento_pagedllm.openai.formats import token_texts
 from bento_pagedllm.openai.protocol import ResponsesRequest
@@ -211,7 +212,7 @@ async def test_required_makes_calls_and_their_outputs_go_back(oai, engine):
 
 
 def builder(plan: ToolPlan | None) -> ResponseBuilder:
-    job = Job("resp_test", 0, MODEL, 1, [], [])
+    job = Job("resp_test", 0, MODEL, 1, [], [SamplingParams()])
     return ResponseBuilder(job, ResponsesRequest(model=MODEL, input="x"), plan, token_texts(None))
 
 

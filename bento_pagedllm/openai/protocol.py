@@ -259,7 +259,7 @@ class ResponsesRequest(_Body):
     reasoning: Reasoning | None = None
     previous_response_id: str | None = None  # refused: no stored responses
     background: bool | None = None  # refused when true
-    include: list[str] | None = None  # only "message.output_text.logprobs" is served
+    include: list[str] | None = None  # OpenAI's includables: "message.output_text.logprobs" adds something
     top_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
 
 

@@ -45,6 +45,31 @@ class Job:
         return sum(len(p.token_ids) for p in self.prompts)
 
 
+class WritePacer:
+    """When a stream writes what it has queued: the first tokens at once (time to first token), then once
+    `interval` new tokens wait or an answer finished, and only when no more outputs are queued, so a loop that
+    fell behind the engine catches up in fewer writes (vLLM's output collector does the same).
+
+    NOTE: each write is a trip through the ASGI stack (BentoML's middlewares, its tracing, uvicorn), hence the
+    interval."""
+
+    def __init__(self, streams: "JobStreams", interval: int) -> None:
+        self.streams, self.interval = streams, interval
+        self.waiting_tokens, self.finishing, self.first = 0, False, True  # since the last write
+
+    def add(self, tokens: int, finished: bool) -> None:
+        self.waiting_tokens += tokens
+        self.finishing = self.finishing or finished
+
+    def due(self) -> bool:
+        """A write is due now; the caller writes, or has nothing to write, and calls `wrote()` after writing."""
+        pending = self.waiting_tokens >= self.interval or self.finishing or self.first
+        return pending and not self.streams.has_pending()
+
+    def wrote(self) -> None:
+        self.waiting_tokens, self.finishing, self.first = 0, False, False
+
+
 class JobStreams:
     """The engine streams of one API request, one per prompt: admitted all together or none.
 
@@ -224,7 +249,7 @@ async def _sse_events(streams: JobStreams, job: Job, fmt: Format, include_usage:
         finished: set[int] = set()
         completion_tokens = 0
         cached_tokens: dict[int, int] = {}  # per prompt
-        waiting_tokens, finishing, first = 0, False, True  # since the last write; no token written yet
+        pacer = WritePacer(streams, stream_interval)
         async with aclosing(streams.outputs()) as outputs:
             async for p_index, out in outputs:
                 cached_tokens[p_index] = prompt_tokens_cached(out)
@@ -235,20 +260,15 @@ async def _sse_events(streams: JobStreams, job: Job, fmt: Format, include_usage:
                     delta = fmt.delta(index, choice)
                     if delta is not None:
                         events.append(chunk(delta))
-                    waiting_tokens += len(choice.delta_token_ids)
+                    pacer.add(len(choice.delta_token_ids), choice.finished)
                     if choice.finished:
-                        finishing = True
                         finished.add(index)
                         completion_tokens += len(choice.token_ids)
                         events.append(chunk(fmt.finish(index, finish_reason(choice))))
-                # NOTE: each write is a trip through the ASGI stack (BentoML's middlewares, its tracing,
-                # uvicorn), hence the interval; the first tokens go out at once whatever it is (time to first
-                # token). Outputs queued already are folded into the same write: a loop that fell behind the
-                # engine catches up in fewer writes (vLLM's output collector does the same).
-                due = (waiting_tokens >= stream_interval or finishing or first) and not streams.has_pending()
-                if events and due:
+                if events and pacer.due():
                     yield "".join(events)
-                    events, waiting_tokens, finishing, first = [], 0, False, False
+                    events = []
+                    pacer.wrote()
         if events:
             yield "".join(events)
         if include_usage:

@@ -27,12 +27,13 @@ from starlette.responses import JSONResponse, Response
 
 from ..async_engine import AsyncLLMEngine
 from ..outputs import RequestOutput
+from ..sampling_params import SamplingParams
+from ..sequence import TokenLogprob
 from . import errors
 from .errors import OpenAIError
-from .protocol import FIELD_NAMES, ChatCompletionRequest, FunctionCallItem, FunctionCallOutputItem, ResponsesRequest
-from ..sequence import TokenLogprob
 from .formats import _TokenTexts, token_logprobs
-from .responses import Job, JobStreams, SSEResponse, prompt_tokens_cached, encode_json, until_disconnect
+from .protocol import FIELD_NAMES, ChatCompletionRequest, FunctionCallItem, FunctionCallOutputItem, ResponsesRequest
+from .responses import Job, JobStreams, SSEResponse, WritePacer, encode_json, prompt_tokens_cached, until_disconnect
 from .tools import ToolPlan, cannot_be_calls, parse_calls
 
 
@@ -109,8 +110,9 @@ def _response_format(body: ResponsesRequest) -> dict[str, Any] | None:
                                                    "strict": fmt.strict}}
 
 
-def _echoed(body: ResponsesRequest) -> dict[str, Any]:
-    """The request's settings as a response repeats them."""
+def _echoed(body: ResponsesRequest, applied: SamplingParams) -> dict[str, Any]:
+    """The request's settings as a response repeats them; temperature and top_p as `applied` (the model's
+    recommended defaults fill what the request left out)."""
     fmt = body.text.format if body.text is not None and body.text.format is not None else None
     return {
         "instructions": body.instructions,
@@ -120,12 +122,12 @@ def _echoed(body: ResponsesRequest) -> dict[str, Any]:
         "previous_response_id": None,
         "reasoning": {"effort": None, "summary": None},
         "store": False,
-        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "temperature": applied.temperature,
         "text": {"format": {"type": "text"} if fmt is None else fmt.model_dump(by_alias=True, exclude_none=True)},
         "tool_choice": body.tool_choice if isinstance(body.tool_choice, str) or body.tool_choice is None
         else body.tool_choice.model_dump(),
         "tools": [tool.model_dump(exclude_none=True) for tool in body.tools or []],
-        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "top_p": applied.top_p,
         "truncation": "disabled",
         "user": body.user,
     }
@@ -135,17 +137,17 @@ class ResponseBuilder:
     """One response's output items, and its stream's events, from the answer's text as it comes.
 
     `add_text(delta)` and `finish(...)` return the events that text adds (a caller that does not stream
-    drops them and answers `final`, the response `finish` completed). How the text becomes items depends on the tool plan (tools.py): no
-    plan, a message streamed as it comes; a named function, one function call whose arguments stream; under
-    "required" the text is held and read as calls at the end; under "auto" it is held only while it is
-    JSON (it may be calls), then streams as a message. NOTE: one instance per request; events are encoded
-    by the caller before it calls again (items are completed in place)."""
+    drops them and answers `final`, the response `finish` completed). How the text becomes items depends on
+    the tool plan (tools.py): no plan, a message streamed as it comes; a named function, one function call
+    whose arguments stream; under "required" the text is held and read as calls at the end; under "auto" it
+    is held only while it is JSON (it may be calls), then streams as a message. NOTE: one instance per
+    request; events are encoded by the caller before it calls again (items are completed in place)."""
 
     def __init__(self, job: Job, body: ResponsesRequest, plan: ToolPlan | None, texts: _TokenTexts) -> None:
         self.job = job
         self.plan = plan
         self.texts = texts
-        self.echoed = _echoed(body)
+        self.echoed = _echoed(body, job.params[0])
         self.output: list[dict[str, Any]] = []
         self._sequence = 0
         self._open: dict[str, Any] | None = None  # the message or function call being streamed
@@ -310,23 +312,22 @@ def _sse(event: dict[str, Any]) -> str:
 
 async def _events(streams: JobStreams, job: Job, builder: ResponseBuilder,
                   report: Callable[[Exception], OpenAIError], stream_interval: int) -> AsyncIterator[str]:
-    """The events as OpenAI sends them; written as responses.py writes chat chunks: the first text at once,
-    then once `stream_interval` new tokens wait or the answer ended, and no more outputs are queued."""
+    """The events as OpenAI sends them, written when a `WritePacer` says (as chat chunks are)."""
     pending: list[str] = []
     try:
         yield "".join(map(_sse, builder.opening()))
-        waiting_tokens, first = 0, True
+        pacer = WritePacer(streams, stream_interval)
         async with aclosing(streams.outputs()) as outputs:
             async for _, out in outputs:
                 (choice,) = out.outputs
                 pending += map(_sse, builder.add_text(choice.delta_text, choice.delta_logprobs))
-                waiting_tokens += len(choice.delta_token_ids)
+                pacer.add(len(choice.delta_token_ids), choice.finished)
                 if choice.finished:
                     pending += map(_sse, builder.finish(choice.finish_reason, usage(job, out)))
-                due = waiting_tokens >= stream_interval or choice.finished or first
-                if pending and due and not streams.has_pending():
+                if pending and pacer.due():
                     yield "".join(pending)
-                    pending, waiting_tokens, first = [], 0, False
+                    pending = []
+                    pacer.wrote()
         if pending:
             yield "".join(pending)
     except Exception as error:  # noqa: BLE001 - the status line is sent: report it in the stream
