@@ -118,6 +118,9 @@ def main() -> None:
     rows = []
     for num_seqs in map(int, filter(None, args.ragged.split(","))):
         lengths = tail_lengths(args.requests, num_seqs)
+        if not lengths:  # NOTE: the workload's last requests end together: no step has 1..num_seqs left
+            print(f"no decode step of the workload has 1 to {num_seqs} sequences left: skipped", flush=True)
+            continue
         if args.tile_sweep:  # as the scheduler lists a decode step, at the split count the backend picks
             for row in measure_lengths(args.shape, sorted(lengths, reverse=True), [], False, torch.device("cuda"),
                                        tiles=sweep_tiles()):
