@@ -82,3 +82,25 @@ def test_nothing_of_ours_imports_as_kernels(where, tmp_path):
     assert result.returncode == 0, result.stderr
     origin = result.stdout.strip()
     assert not origin.startswith((os.path.join(REPO, "kernels"), os.path.join(REPO, "bento_pagedllm"))), origin
+
+
+def test_the_image_requirements_are_the_packages_ranges():
+    """requirements-bento.txt (what `bentoml containerize` installs) names each package with pyproject's own
+    range, so the image and a source install cannot drift apart; every range has an upper bound (a fresh
+    install takes the newest release allowed)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    ranges = {Requirement(line).name: Requirement(line) for line in project["dependencies"]}
+    with open(os.path.join(REPO, "requirements-bento.txt")) as f:
+        image = [Requirement(line) for line in f.read().split("\n") if line.strip() and not line.startswith("#")]
+    assert {r.name for r in image} >= {"torch", "bentoml", "transformers", "llguidance"}
+    for requirement in image:
+        assert str(requirement.specifier) == str(ranges[requirement.name].specifier), requirement
+    extras = [Requirement(line) for lines in project["optional-dependencies"].values() for line in lines]
+    for requirement in [*ranges.values(), *extras]:
+        if requirement.name != "setuptools":  # NOTE: the build backend's floor only
+            assert any(spec.operator in ("<", "<=", "==") for spec in requirement.specifier), requirement
