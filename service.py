@@ -1,6 +1,7 @@
 """The BentoML service: it owns the engine (on a thread of its worker, or in a child process of it:
 PAGEDLLM_ENGINE_PROCESS) and mounts the
-OpenAI-compatible API at /v1 and the chat page at /chat (bento_pagedllm/web/). Settings come from the
+OpenAI-compatible API at /v1 (with vLLM's /tokenize and /detokenize at the root too) and the chat page at /chat
+(bento_pagedllm/web/). Settings come from the
 environment: see bento_pagedllm/settings.py.
 
 NOTE: this module is also imported by BentoML's supervisor; the engine is built in `__init__`, which runs
@@ -14,6 +15,8 @@ import signal
 import threading
 
 import bentoml
+from starlette.applications import Starlette
+from starlette.routing import Route
 
 from bento_pagedllm.openai.auth import APIKeyMiddleware
 from bento_pagedllm.openai.routes import build_openai_app
@@ -44,7 +47,14 @@ async def openai_asgi(scope, receive, send) -> None:
     await openai_app(scope, receive, send)
 
 
+# vLLM serves its tokenizer endpoints at the root, and clients call them there: the /v1 app's own handlers.
+# NOTE: a Starlette app, so BentoML mounts it passively (it takes these two paths and nothing else); each route's
+# endpoint is the API app itself (an ASGI app, not a function: Starlette passes it the request's scope as is)
+vllm_root_app = Starlette(routes=[Route(path, openai_app, methods=["POST"]) for path in ("/tokenize", "/detokenize")])
+
+
 @bentoml.asgi_app(openai_asgi, path="/v1")
+@bentoml.asgi_app(vllm_root_app, path="/")
 @bentoml.asgi_app(chat_app, path="/chat")
 @bentoml.service(
     name="pagedllm",

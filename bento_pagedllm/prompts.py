@@ -30,11 +30,11 @@ class PromptProcessor:
         # fields a request leaves out, unless the server is told to ignore them
         self.sampling_defaults = sampling_defaults(self.source)
 
-    def tokenize(self, prompt: PromptType) -> list[int]:
+    def tokenize(self, prompt: PromptType, add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this model has no tokenizer: give prompts as token ids")
-            return encode_prompt(self.tokenizer, prompt)
+            return encode_prompt(self.tokenizer, prompt, add_special_tokens)
         return list(prompt)
 
     def chat_prompt_ids(self, messages: list[dict], tools: list[dict] | None = None, *,

@@ -27,9 +27,10 @@ def load_tokenizer(tokenizer_dir: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """Token ids of a raw prompt, with the tokenizer's own special-token handling (e.g. a BOS it adds)."""
-    return list(tokenizer(text).input_ids)
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool = True) -> list[int]:
+    """Token ids of a raw prompt, with the tokenizer's own special-token handling (e.g. a BOS it adds) unless
+    `add_special_tokens` is false."""
+    return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
 
 @functools.lru_cache(maxsize=1)

@@ -82,7 +82,8 @@ def test_fuzz_against_the_openapi_document(engine):
     api = build_openai_app(lambda: engine, model_name=MODEL, max_body_bytes=MAX_BODY_BYTES)
     schema = schemathesis.openapi.from_asgi("/openapi.json", api)
     assert {op.ok().label for op in schema.get_all_operations()} == {
-        "GET /models", "GET /models/{model}", "POST /completions", "POST /chat/completions", "POST /responses"}
+        "GET /models", "GET /models/{model}", "POST /completions", "POST /chat/completions", "POST /responses",
+        "POST /tokenize", "POST /detokenize"}
     seen: collections.Counter = collections.Counter()
 
     # NOTE: schema-valid requests may still be refused (a prompt too long for the context, n above the engine's

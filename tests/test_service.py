@@ -10,7 +10,7 @@ import httpx
 import openai
 import pydantic
 import pytest
-from server_helpers import API_KEY, MODEL
+from server_helpers import API_KEY, MAX_MODEL_LEN, MODEL
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -164,6 +164,24 @@ def test_errors_through_the_server(server):
     assert httpx.get(f"{server.base}/v1/embeddings").status_code == 401
     nope = httpx.get(f"{server.base}/v1/embeddings", headers=headers)
     assert nope.status_code == 404 and nope.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_vllms_tokenizer_endpoints_at_the_root_and_under_v1(client, server):
+    """vLLM's clients strip /v1 and call /tokenize at the server's root; the counts are the chat path's."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    usage = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1).usage
+    for base in (server.base, f"{server.base}/v1"):
+        r = httpx.post(f"{base}/tokenize", json={"model": MODEL, "messages": CHAT}, headers=headers)
+        assert r.status_code == 200 and r.json()["count"] == usage.prompt_tokens, (base, r.text)
+        assert r.json()["max_model_len"] == MAX_MODEL_LEN
+        text = "Paris is the capital of France."
+        ids = httpx.post(f"{base}/tokenize", json={"prompt": text, "add_special_tokens": False},
+                         headers=headers).json()["tokens"]
+        back = httpx.post(f"{base}/detokenize", json={"tokens": ids}, headers=headers)
+        assert back.status_code == 200 and back.json() == {"prompt": text}
+        no_key = httpx.post(f"{base}/tokenize", json={"prompt": text})
+        assert no_key.status_code == 401 and no_key.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(f"{server.base}/tokenize", headers=headers).status_code == 405
 
 
 def test_health_and_metrics_open_as_configured_the_rest_behind_the_key(server):

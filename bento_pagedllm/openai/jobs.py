@@ -62,21 +62,11 @@ async def chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, defaults
     conversation)."""
     if body.top_logprobs is not None and not body.logprobs:
         raise OpenAIError("logprobs must be true when top_logprobs is set.", param="top_logprobs")
-    messages = [template_message(message) for message in body.messages]
     tools = plan_tools(body)
     if tools is not None and body.logprobs:
         raise OpenAIError("logprobs are not supported with tools (tool_choice \"none\" allows them).",
                           param="logprobs")
-    render = functools.partial(engine.prompts.chat_prompt_ids, messages,
-                               tools.template_tools() if tools is not None else None, **_template_options(body))
-    try:
-        if len(messages) > MANY_MESSAGES or sum(len(m["content"]) for m in messages) > LONG_INPUT_CHARS:
-            ids = await asyncio.to_thread(render)
-        else:
-            ids = render()
-    except TemplateError as error:
-        raise OpenAIError(f"The chat template rejected the {noun}: {error}", param=noun) from None
-    prompts = [Prompt(ids, None)]
+    prompts = [Prompt(await chat_prompt_ids(body, engine, tools, noun), None)]
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     base = _base_params(body, engine, defaults, logprobs=logprobs)
     if tools is not None and (schema := tools.constraint_schema()) is not None:
@@ -86,6 +76,21 @@ async def chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, defaults
         base = replace(base, structured_outputs=_constraint("tools", json=schema))
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return _job(id_prefix, body, prompts, _fit_context(engine, base, prompts, max_tokens, noun, defaults)), tools
+
+
+async def chat_prompt_ids(body: ChatCompletionRequest, engine: AsyncLLMEngine, tools: ToolPlan | None,
+                          noun: str) -> list[int]:
+    """The prompt a chat request sends the model: its messages (and the tools its plan shows the model)
+    rendered by the chat template, with vLLM's template options; long conversations in a worker thread."""
+    messages = [template_message(message) for message in body.messages]
+    render = functools.partial(engine.prompts.chat_prompt_ids, messages,
+                               tools.template_tools() if tools is not None else None, **_template_options(body))
+    try:
+        if len(messages) > MANY_MESSAGES or sum(len(m["content"]) for m in messages) > LONG_INPUT_CHARS:
+            return await asyncio.to_thread(render)
+        return render()
+    except TemplateError as error:
+        raise OpenAIError(f"The chat template rejected the {noun}: {error}", param=noun) from None
 
 
 def _template_options(body: ChatCompletionRequest) -> dict[str, Any]:
@@ -119,9 +124,14 @@ def _completion_prompts(prompt: str | list) -> list[str | list[int]]:
 async def _tokenize(engine: AsyncLLMEngine, prompt: str | list[int]) -> Prompt:
     if not isinstance(prompt, str):
         return Prompt(list(prompt), None)
-    if len(prompt) > LONG_INPUT_CHARS:
-        return Prompt(await asyncio.to_thread(engine.prompts.tokenize, prompt), prompt)
-    return Prompt(engine.prompts.tokenize(prompt), prompt)
+    return Prompt(await tokenize_text(engine, prompt), prompt)
+
+
+async def tokenize_text(engine: AsyncLLMEngine, text: str, add_special_tokens: bool = True) -> list[int]:
+    """A prompt's token ids, long ones in a worker thread (off the event loop)."""
+    if len(text) > LONG_INPUT_CHARS:
+        return await asyncio.to_thread(engine.prompts.tokenize, text, add_special_tokens)
+    return engine.prompts.tokenize(text, add_special_tokens)
 
 
 def _base_params(

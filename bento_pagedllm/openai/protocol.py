@@ -170,6 +170,32 @@ class ChatCompletionRequest(_SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
+# ---- vLLM's POST /tokenize and POST /detokenize (tokenization.py) ------------------------------------------
+
+
+class TokenizeRequest(_Body):
+    """POST /tokenize, vLLM's two forms in one body: a `prompt` (a completion's text) or `messages` (a chat,
+    with the chat request's tools and template options, rendered as /chat/completions renders it)."""
+
+    model: str | None = None  # the served model's name, if given
+    prompt: str | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    add_generation_prompt: bool | None = True
+    continue_final_message: bool | None = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    # the tokenizer's special tokens (e.g. a BOS): added to a prompt by default; a chat's come from its template
+    add_special_tokens: bool | None = None
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Body):
+    """POST /detokenize: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[TokenId]
+
+
 # ---- POST /responses (OpenAI's Responses API; responses_api.py answers it through the chat path) --------
 
 
@@ -269,6 +295,6 @@ FIELD_NAMES: frozenset[str] = frozenset(
                   ResponseFormat, JsonSchemaFormat, StructuredOutputsParams, ToolCall, ToolCallFunction,
                   FunctionDefinition, Tool, NamedFunction, NamedToolChoice, InputText, InputMessage, FunctionCallItem,
                   FunctionCallOutputItem, TextFormat, TextConfig, FunctionTool, FunctionToolChoice, Reasoning,
-                  ResponsesRequest)
+                  ResponsesRequest, TokenizeRequest, DetokenizeRequest)
     for name, field in model.model_fields.items()
 )

@@ -1,5 +1,6 @@
 """The OpenAI-compatible API as a Starlette app: `GET /models`, `POST /completions`, `POST /chat/completions`,
-`POST /responses` (responses_api.py: a chat request answered as a `response`).
+`POST /responses` (responses_api.py: a chat request answered as a `response`), and vLLM's `POST /tokenize` and
+`POST /detokenize` (tokenization.py; vLLM serves them at its root, service.py too).
 
 The generation endpoints go the same way: parse the body (protocol.py), turn it into a `Job` (jobs.py: the
 prompts tokenized or rendered, one `SamplingParams` per prompt, the context window checked), then hand it to
@@ -42,10 +43,18 @@ from .auth import APIKeyMiddleware
 from .errors import OpenAIError
 from .formats import ChatFormat, CompletionFormat, token_texts
 from .jobs import chat_job, completion_job
-from .protocol import FIELD_NAMES, ChatCompletionRequest, CompletionRequest, ResponsesRequest
+from .protocol import (
+    FIELD_NAMES,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    TokenizeRequest,
+)
 from .responses import respond
 from .responses_api import ResponseBuilder, chat_request, respond_response
 from .schema import openapi_document
+from .tokenization import detokenize, tokenize
 from .tools import ToolCallFormat
 
 logger = logging.getLogger(__name__)
@@ -81,6 +90,8 @@ def build_openai_app(
         Route("/completions", server.guard(server.completions), methods=["POST"]),
         Route("/chat/completions", server.guard(server.chat_completions), methods=["POST"]),
         Route("/responses", server.guard(server.responses), methods=["POST"]),
+        Route("/tokenize", server.guard(server.tokenize), methods=["POST"]),
+        Route("/detokenize", server.guard(server.detokenize), methods=["POST"]),
         Route("/openapi.json", lambda request: JSONResponse(document), methods=["GET"]),
     ]
     middleware = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
@@ -214,6 +225,18 @@ class _Server:
         builder = ResponseBuilder(job, body, tools, token_texts(engine.tokenizer))
         return await respond_response(request, engine, job, builder, bool(body.stream), self._reporter(request),
                                       self.stream_interval)
+
+
+    # ---- POST /tokenize, POST /detokenize (vLLM's) ---------------------------------------------------
+    async def tokenize(self, request: Request) -> Response:
+        body = await self._parse(request, TokenizeRequest)
+        engine = self._engine_for(self.model_name if body.model is None else body.model)
+        return JSONResponse(await tokenize(body, engine, self.model_name))
+
+    async def detokenize(self, request: Request) -> Response:
+        body = await self._parse(request, DetokenizeRequest)
+        engine = self._engine_for(self.model_name if body.model is None else body.model)
+        return JSONResponse(detokenize(body, engine))
 
 
 def _too_large(limit: int) -> OpenAIError:

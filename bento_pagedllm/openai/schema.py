@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic.json_schema import models_json_schema
 
-from .protocol import ChatCompletionRequest, CompletionRequest, ResponsesRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, ResponsesRequest, TokenizeRequest
 
 _REF = "#/components/schemas/{model}"
 
@@ -70,6 +70,25 @@ def _generation(summary: str, body_model: str, result: str) -> dict[str, Any]:
     }
 
 
+def _json_post(summary: str, body_model: str, result: dict[str, Any]) -> dict[str, Any]:
+    """A POST whose answer is one JSON object of the `result` schema."""
+    content = {"application/json": {"schema": {"$ref": _REF.format(model=body_model)}}}
+    return {"post": {"summary": summary, "requestBody": {"required": True, "content": content},
+                     "responses": {"200": {"description": summary,
+                                           "content": {"application/json": {"schema": result}}},
+                                   **_error_responses()}}}
+
+
+# vLLM's answers (tokenization.py)
+_TOKENIZE_RESPONSE = {
+    "type": "object", "required": ["count", "max_model_len", "tokens", "token_strs"],
+    "properties": {"count": {"type": "integer"}, "max_model_len": {"type": "integer"},
+                   "tokens": {"type": "array", "items": {"type": "integer"}},
+                   "token_strs": {"type": ["array", "null"], "items": {"type": "string"}}},
+}
+_DETOKENIZE_RESPONSE = {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}
+
+
 def _model_card_path(summary: str, schema: dict[str, Any], parameters: list | None = None) -> dict[str, Any]:
     operation: dict[str, Any] = {
         "summary": summary,
@@ -84,12 +103,15 @@ def _model_card_path(summary: str, schema: dict[str, Any], parameters: list | No
 def openapi_document(model_name: str, *, secured: bool) -> dict[str, Any]:
     """The document for a server of `model_name`; `secured` when every operation needs the bearer key."""
     _, defs = models_json_schema([(CompletionRequest, "validation"), (ChatCompletionRequest, "validation"),
-                                  (ResponsesRequest, "validation")], ref_template=_REF)
+                                  (ResponsesRequest, "validation"), (TokenizeRequest, "validation"),
+                                  (DetokenizeRequest, "validation")], ref_template=_REF)
     schemas = {**defs["$defs"], "ErrorResponse": _ERROR_SCHEMA}
     # NOTE: the only model name that resolves is the served one (never a path): the document says so
     served = {"type": "string", "enum": [model_name]}
     for body in ("CompletionRequest", "ChatCompletionRequest", "ResponsesRequest"):
         schemas[body]["properties"]["model"] = served
+    for body in ("TokenizeRequest", "DetokenizeRequest"):  # NOTE: optional there, as in vLLM's
+        schemas[body]["properties"]["model"] = {"anyOf": [served, {"type": "null"}]}
     model_param = [{"name": "model", "in": "path", "required": True, "schema": served}]
     document: dict[str, Any] = {
         "openapi": "3.1.0",
@@ -100,6 +122,10 @@ def openapi_document(model_name: str, *, secured: bool) -> dict[str, Any]:
             "/completions": _generation("Create a completion", "CompletionRequest", "completion"),
             "/chat/completions": _generation("Create a chat completion", "ChatCompletionRequest", "chat completion"),
             "/responses": _generation("Create a response", "ResponsesRequest", "response"),
+            "/tokenize": _json_post("Tokenize a prompt or a chat (vLLM's; also at the server's root)",
+                                    "TokenizeRequest", _TOKENIZE_RESPONSE),
+            "/detokenize": _json_post("Detokenize token ids (vLLM's; also at the server's root)",
+                                      "DetokenizeRequest", _DETOKENIZE_RESPONSE),
             "/models": _model_card_path("List the models", {"type": "object"}),
             "/models/{model}": _model_card_path("Retrieve a model", {"type": "object"}, model_param),
         },
