@@ -208,6 +208,35 @@ async def test_include_usage(oai, http):
     assert error_of(r, 400)["param"] == "stream_options"
 
 
+async def test_continuous_usage_stats(http):
+    """vLLM's `continuous_usage_stats`: with include_usage every choice's chunk carries its usage so far (its
+    prompt's tokens, its own tokens), then the usual usage chunk; without include_usage it changes nothing."""
+    request = {"model": MODEL, "messages": HELLO, "max_tokens": 4, "ignore_eos": True, "stream": True, "n": 2,
+               "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    events = sse_events((await http.post("/v1/chat/completions", json=request)).text)
+    assert events[-1] == "[DONE]"
+    chunks, final = events[:-2], events[-2]
+    assert final["choices"] == [] and final["usage"]["completion_tokens"] == 8
+    prompt_tokens = final["usage"]["prompt_tokens"]
+    for index in (0, 1):
+        mine = [c for c in chunks if c["choices"][0]["index"] == index]
+        counts = [c["usage"]["completion_tokens"] for c in mine]
+        assert counts[0] == 0 and counts == sorted(counts) and counts[-1] == 4, counts  # the role chunk first
+        assert mine[-1]["choices"][0]["finish_reason"] == "length"
+        assert all(c["usage"]["prompt_tokens"] == prompt_tokens and c["usage"]["total_tokens"] ==
+                   prompt_tokens + c["usage"]["completion_tokens"] for c in mine)
+    # completions, two prompts: each choice counts its own prompt
+    r = await http.post("/v1/completions", json={
+        "model": MODEL, "prompt": ["Once upon", "Once upon a time there"], "max_tokens": 2, "ignore_eos": True,
+        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    events = sse_events(r.text)
+    by_choice = {c["choices"][0]["index"]: c["usage"]["prompt_tokens"] for c in events[:-2]}
+    assert by_choice[0] < by_choice[1] and sum(by_choice.values()) == events[-2]["usage"]["prompt_tokens"]
+    plain = sse_events((await http.post("/v1/chat/completions", json={
+        **request, "stream_options": {"continuous_usage_stats": True}})).text)
+    assert all("usage" not in e for e in plain[:-1])
+
+
 # ---- completions --------------------------------------------------------------------------------------
 
 

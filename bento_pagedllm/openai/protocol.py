@@ -41,6 +41,7 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False  # vLLM's: with include_usage, every chunk reports usage so far
 
 
 class JsonSchemaFormat(_Body):

@@ -172,8 +172,10 @@ async def respond(
     """Admit the job (refusals raise here, before any byte is sent), then answer in one body or as SSE."""
     streams = JobStreams(engine, job)
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = _sse_events(streams, job, fmt, include_usage, report, stream_interval)
+        options = body.stream_options
+        include_usage = bool(options and options.include_usage)
+        continuous = include_usage and bool(options.continuous_usage_stats)
+        events = _sse_events(streams, job, fmt, include_usage, report, stream_interval, continuous)
         return SSEResponse(events, on_close=streams.close)
     try:
         outputs = await until_disconnect(request, streams.final_outputs())
@@ -222,12 +224,14 @@ def _sse(payload: dict[str, Any]) -> str:
 
 
 async def _sse_events(streams: JobStreams, job: Job, fmt: Format, include_usage: bool,
-                      report: Callable[[Exception], OpenAIError], stream_interval: int) -> AsyncIterator[str]:
+                      report: Callable[[Exception], OpenAIError], stream_interval: int,
+                      continuous_usage: bool = False) -> AsyncIterator[str]:
     """The stream as OpenAI sends it: per choice an opening chunk (chat: the role), its deltas as generated, a
     chunk with its finish_reason; then the usage chunk if asked for, then [DONE]. A failure (the engine's, a
     timeout, a shutdown) ends the stream with an error event instead of [DONE]. After the first tokens,
     chunks are written once `stream_interval` new tokens wait or a choice finished, and no more outputs are
-    queued (each step's chunk stays its own event)."""
+    queued (each step's chunk stays its own event). `continuous_usage` (vLLM's `continuous_usage_stats`):
+    every choice's chunk also carries the usage of that choice so far (its prompt's tokens, its tokens)."""
 
     # NOTE: every chunk shares its envelope, so it is serialised once and each chunk encodes only its choice
     # (the bytes are those of json.dumps of the whole payload, keys in OpenAI's order)
@@ -236,19 +240,29 @@ async def _sse_events(streams: JobStreams, job: Job, fmt: Format, include_usage:
     head = envelope[: envelope.rindex("[]") + 1]  # 'data: {..."choices":['
     tail = "],\"usage\":null}\n\n" if include_usage else "]}\n\n"
 
-    def chunk(choice: dict[str, Any] | None, usage: dict[str, int] | None = None) -> str:
+    def chunk(choice: dict[str, Any] | None, usage: dict[str, Any] | None = None) -> str:
+        body = "" if choice is None else encode_json(choice)
         if usage is not None:
-            return head + '],"usage":' + encode_json(usage) + "}\n\n"
-        return head + ("" if choice is None else encode_json(choice)) + tail
+            return head + body + '],"usage":' + encode_json(usage) + "}\n\n"
+        return head + body + tail
+
+    cached_tokens: dict[int, int] = {}  # per prompt
+
+    def choice_chunk(choice: dict[str, Any], p_index: int, tokens: int) -> str:
+        """A choice's chunk; with continuous usage, what its prompt and it have used so far."""
+        if not continuous_usage:
+            return chunk(choice)
+        prompt_tokens = len(job.prompts[p_index].token_ids)
+        return chunk(choice, _usage(prompt_tokens, tokens, cached_tokens.get(p_index, 0)))
 
     events: list[str] = []  # chunks not yet written
     try:
-        opening = [fmt.opening(p * job.n + c, prompt) for p, prompt in enumerate(job.prompts) for c in range(job.n)]
-        if any(opening):
-            yield "".join(chunk(choice) for choice in opening if choice is not None)
+        opening = [(p, fmt.opening(p * job.n + c, prompt)) for p, prompt in enumerate(job.prompts)
+                   for c in range(job.n)]
+        if any(choice for _, choice in opening):
+            yield "".join(choice_chunk(choice, p, 0) for p, choice in opening if choice is not None)
         finished: set[int] = set()
         completion_tokens = 0
-        cached_tokens: dict[int, int] = {}  # per prompt
         pacer = WritePacer(streams, stream_interval)
         async with aclosing(streams.outputs()) as outputs:
             async for p_index, out in outputs:
@@ -259,12 +273,13 @@ async def _sse_events(streams: JobStreams, job: Job, fmt: Format, include_usage:
                         continue
                     delta = fmt.delta(index, choice)
                     if delta is not None:
-                        events.append(chunk(delta))
+                        events.append(choice_chunk(delta, p_index, len(choice.token_ids)))
                     pacer.add(len(choice.delta_token_ids), choice.finished)
                     if choice.finished:
                         finished.add(index)
                         completion_tokens += len(choice.token_ids)
-                        events.append(chunk(fmt.finish(index, finish_reason(choice))))
+                        events.append(choice_chunk(fmt.finish(index, finish_reason(choice)), p_index,
+                                                   len(choice.token_ids)))
                 if events and pacer.due():
                     yield "".join(events)
                     events = []
