@@ -65,6 +65,7 @@ async def test_models(http, oai):
     assert body["object"] == "list" and len(body["data"]) == 1
     card = body["data"][0]
     assert card["id"] == MODEL and card["object"] == "model" and isinstance(card["created"], int)
+    assert card["max_model_len"] == MAX_LEN  # vLLM's field: the context window
     assert [m.id for m in (await oai.models.list()).data] == [MODEL]
     assert (await oai.models.retrieve(MODEL)).id == MODEL
     with pytest.raises(openai.NotFoundError) as info:

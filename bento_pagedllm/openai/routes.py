@@ -188,7 +188,13 @@ class _Server:
 
     # ---- GET /models ---------------------------------------------------------------------------
     def _model_card(self) -> dict[str, Any]:
-        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "bento-pagedllm"}
+        """OpenAI's model object, with vLLM's `max_model_len` (clients size their prompts by it) once the engine
+        is up."""
+        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "bento-pagedllm"}
+        engine = self.get_engine()
+        if engine is not None:
+            card["max_model_len"] = engine.prompts.configs.scheduler.max_model_len
+        return card
 
     async def list_models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self._model_card()]})
