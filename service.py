@@ -16,6 +16,8 @@ import threading
 
 import bentoml
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Route
 
 from bento_pagedllm.openai.auth import APIKeyMiddleware
@@ -25,7 +27,7 @@ from bento_pagedllm.web import build_chat_app
 
 logger = logging.getLogger("bento_pagedllm.service")
 SETTINGS = ServiceSettings.from_env()
-PROBE_PATHS = frozenset({"/livez", "/healthz", "/readyz", "/metrics"})
+PROBE_PATHS = frozenset({"/livez", "/healthz", "/readyz", "/health", "/metrics"})
 
 openai_app = build_openai_app(
     lambda: bentoml.get_current_service().engine,
@@ -47,10 +49,19 @@ async def openai_asgi(scope, receive, send) -> None:
     await openai_app(scope, receive, send)
 
 
-# vLLM serves its tokenizer endpoints at the root, and clients call them there: the /v1 app's own handlers.
-# NOTE: a Starlette app, so BentoML mounts it passively (it takes these two paths and nothing else); each route's
+async def vllm_health(request: Request) -> Response:
+    """vLLM's `GET /health` (what load balancers set up for vLLM probe): 200 while the service takes requests
+    (BentoML's /readyz), else 503."""
+    return Response(status_code=200 if bentoml.get_current_service().__is_ready__() else 503)
+
+
+# vLLM serves its tokenizer endpoints and its health check at the root, and clients call them there. NOTE: a
+# Starlette app, so BentoML mounts it passively (it takes these paths and nothing else); the tokenizer routes'
 # endpoint is the API app itself (an ASGI app, not a function: Starlette passes it the request's scope as is)
-vllm_root_app = Starlette(routes=[Route(path, openai_app, methods=["POST"]) for path in ("/tokenize", "/detokenize")])
+vllm_root_app = Starlette(routes=[
+    *(Route(path, openai_app, methods=["POST"]) for path in ("/tokenize", "/detokenize")),
+    Route("/health", vllm_health, methods=["GET"]),
+])
 
 
 @bentoml.asgi_app(openai_asgi, path="/v1")

@@ -5,7 +5,7 @@
 | PAGEDLLM_MODEL | smollm2-135m-instruct:latest | BentoML model tag to serve |
 | PAGEDLLM_SERVED_MODEL_NAME | the tag's name | the `model` name clients send |
 | PAGEDLLM_API_KEY | unset | when set, every request needs `Authorization: Bearer <key>` (see below) |
-| PAGEDLLM_OPEN_HEALTH_AND_METRICS | false | with an API key: leave /livez, /healthz, /readyz, /metrics open |
+| PAGEDLLM_OPEN_HEALTH_AND_METRICS | false | with an API key: leave /livez, /healthz, /readyz, /health, /metrics open |
 | PAGEDLLM_CORS_ALLOW_ORIGINS | unset | comma-separated origins allowed by CORS (none: no CORS headers) |
 | PAGEDLLM_MAX_WAITING_REQUESTS | 1024 | requests waiting for their first token; past it, 503 + Retry-After |
 | PAGEDLLM_RETRY_AFTER_SECONDS | 1 | the Retry-After of a 503 |

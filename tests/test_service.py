@@ -185,7 +185,7 @@ def test_vllms_tokenizer_endpoints_at_the_root_and_under_v1(client, server):
 
 
 def test_health_and_metrics_open_as_configured_the_rest_behind_the_key(server):
-    for path in ("/readyz", "/livez", "/healthz", "/metrics"):  # PAGEDLLM_OPEN_HEALTH_AND_METRICS=true
+    for path in ("/readyz", "/livez", "/healthz", "/health", "/metrics"):  # PAGEDLLM_OPEN_HEALTH_AND_METRICS=true
         assert httpx.get(f"{server.base}{path}").status_code == 200, path
     for path in ("/", "/docs.json", "/schema.json"):
         r = httpx.get(f"{server.base}{path}")
