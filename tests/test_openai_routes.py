@@ -414,6 +414,37 @@ async def test_the_models_generation_config_sets_the_sampling_defaults(tiny_llam
         engine.shutdown()
 
 
+async def test_vllms_output_and_prompt_options(engine, http):
+    """vLLM's include_stop_str_in_output (the matched stop string kept), skip_special_tokens (false: their text
+    kept) and truncate_prompt_tokens (the prompt's last k tokens only)."""
+    base = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    text = (await http.post("/v1/completions", json=base)).json()["choices"][0]["text"]
+    stop = text[4:7]
+    cut = text.find(stop)
+    for keep, expected in ((False, text[:cut]), (True, text[:cut + len(stop)])):
+        r = await http.post("/v1/completions", json={**base, "stop": [stop], "include_stop_str_in_output": keep})
+        assert r.json()["choices"][0]["text"] == expected and r.json()["choices"][0]["finish_reason"] == "stop"
+
+    eos = engine.tokenizer.eos_token_id
+    forced = {**base, "max_tokens": 2, "logit_bias": {str(eos): 100}}  # the end-of-text token, twice
+    skipped = (await http.post("/v1/completions", json=forced)).json()["choices"][0]["text"]
+    kept = (await http.post("/v1/completions", json={**forced, "skip_special_tokens": False})).json()
+    assert skipped == "" and kept["choices"][0]["text"] == engine.tokenizer.eos_token * 2
+
+    ids = engine.tokenizer(base["prompt"]).input_ids
+    cut_short = await http.post("/v1/completions", json={**base, "truncate_prompt_tokens": 3})
+    from_ids = await http.post("/v1/completions", json={**base, "prompt": ids[-3:]})
+    assert cut_short.json()["usage"]["prompt_tokens"] == 3
+    assert cut_short.json()["choices"][0]["text"] == from_ids.json()["choices"][0]["text"]
+    whole = await http.post("/v1/completions", json={**base, "truncate_prompt_tokens": 1000})
+    assert whole.json()["usage"]["prompt_tokens"] == len(ids)
+    chat = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1,
+                                                         "truncate_prompt_tokens": 5})
+    assert chat.json()["usage"]["prompt_tokens"] == 5
+    assert error_of(await http.post("/v1/completions", json={**base, "truncate_prompt_tokens": 0}),
+                    400)["param"] == "truncate_prompt_tokens"
+
+
 async def test_chat_template_options(engine, http):
     """vLLM's add_generation_prompt, continue_final_message and chat_template_kwargs reach the template."""
     opened = [*HELLO, {"role": "assistant", "content": "Well, I think"}]

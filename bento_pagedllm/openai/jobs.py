@@ -50,7 +50,7 @@ async def completion_job(body: CompletionRequest, engine: AsyncLLMEngine, defaul
     if limit is not None and len(texts) > limit:  # NOTE: never admissible: a 503 would invite retries
         raise OpenAIError(f"The prompt holds {len(texts)} prompts; this server takes at most {limit} in one "
                           "request.", param="prompt")
-    prompts = [await _tokenize(engine, p) for p in texts]
+    prompts = _truncated([await _tokenize(engine, p) for p in texts], body.truncate_prompt_tokens)
     base = _base_params(body, engine, defaults, logprobs=body.logprobs)
     return _job("cmpl-", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt", defaults))
 
@@ -66,7 +66,7 @@ async def chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, defaults
     if tools is not None and body.logprobs:
         raise OpenAIError("logprobs are not supported with tools (tool_choice \"none\" allows them).",
                           param="logprobs")
-    prompts = [Prompt(await chat_prompt_ids(body, engine, tools, noun), None)]
+    prompts = _truncated([Prompt(await chat_prompt_ids(body, engine, tools, noun), None)], body.truncate_prompt_tokens)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     base = _base_params(body, engine, defaults, logprobs=logprobs)
     if tools is not None and (schema := tools.constraint_schema()) is not None:
@@ -164,6 +164,8 @@ def _base_params(
             stop=body.stop,
             stop_token_ids=stop_token_ids,
             ignore_eos=bool(body.ignore_eos),
+            include_stop_str_in_output=bool(body.include_stop_str_in_output),
+            skip_special_tokens=body.skip_special_tokens is not False,
             logprobs=logprobs,
             logit_bias=logit_bias,
             structured_outputs=structured_outputs,
@@ -257,6 +259,14 @@ def _fit_context(
             raise OpenAIError(str(error), param=noun) from None
         params.append(params_i)
     return params
+
+
+def _truncated(prompts: list[Prompt], keep: int | None) -> list[Prompt]:
+    """vLLM's `truncate_prompt_tokens`: each prompt cut to its last `keep` tokens (its text, for echo, then
+    comes from those tokens)."""
+    if keep is None:
+        return prompts
+    return [prompt if len(prompt.token_ids) <= keep else Prompt(prompt.token_ids[-keep:], None) for prompt in prompts]
 
 
 def _job(id_prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[Prompt],
