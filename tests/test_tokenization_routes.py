@@ -9,8 +9,9 @@ from api_helpers import HELLO, MAX_LEN, MODEL, error_of
 
 from bento_pagedllm.tokenizer import apply_chat_template
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
-                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 
 
 async def test_a_prompt_counts_as_completions_count_it(engine, http):
