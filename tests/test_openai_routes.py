@@ -445,6 +445,27 @@ async def test_vllms_output_and_prompt_options(engine, http):
                     400)["param"] == "truncate_prompt_tokens"
 
 
+async def test_return_tokens_as_token_ids(engine, http):
+    """vLLM's return_tokens_as_token_ids: log-probabilities name tokens `token_id:N` (chat and completions), the
+    ids the answer is made of; the text is the same."""
+    base = {"model": MODEL, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    chat = {**base, "messages": HELLO, "logprobs": True, "top_logprobs": 2}
+    plain = (await http.post("/v1/chat/completions", json=chat)).json()["choices"][0]
+    named = (await http.post("/v1/chat/completions", json={**chat, "return_tokens_as_token_ids": True})).json()
+    named = named["choices"][0]
+    assert named["message"] == plain["message"]
+    ids = [int(t["token"].removeprefix("token_id:")) for t in named["logprobs"]["content"]]
+    assert engine.tokenizer.decode(ids) == plain["message"]["content"]
+    for entry in named["logprobs"]["content"]:
+        assert entry["bytes"] == list(entry["token"].encode())
+        assert all(top["token"].startswith("token_id:") for top in entry["top_logprobs"])
+    completion = {**base, "prompt": "Once upon", "logprobs": 1, "return_tokens_as_token_ids": True}
+    r = (await http.post("/v1/completions", json=completion)).json()["choices"][0]
+    ids = [int(t.removeprefix("token_id:")) for t in r["logprobs"]["tokens"]]
+    assert engine.tokenizer.decode(ids) == r["text"]
+    assert all(key.startswith("token_id:") for top in r["logprobs"]["top_logprobs"] for key in top)
+
+
 async def test_chat_template_options(engine, http):
     """vLLM's add_generation_prompt, continue_final_message and chat_template_kwargs reach the template."""
     opened = [*HELLO, {"role": "assistant", "content": "Well, I think"}]

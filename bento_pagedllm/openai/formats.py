@@ -233,7 +233,18 @@ class _TokenTexts:
 _TEXTS: weakref.WeakKeyDictionary[Any, _TokenTexts] = weakref.WeakKeyDictionary()
 
 
-def token_texts(tokenizer: Any) -> _TokenTexts:
+class _TokenIdTexts(_TokenTexts):
+    """vLLM's `return_tokens_as_token_ids`: log-probabilities name each token `token_id:N` (its bytes, those
+    of that name), so a client recovers the exact ids even where several decode to the same text."""
+
+    def _raw(self, token_id: int) -> bytes:
+        return f"token_id:{token_id}".encode()
+
+
+def token_texts(tokenizer: Any, as_token_ids: bool = False) -> _TokenTexts:
+    """How log-probabilities name tokens (their text, or with `as_token_ids` their ids), cached per tokenizer."""
+    if as_token_ids:
+        return _TokenIdTexts(tokenizer)
     if tokenizer is None:
         return _TokenTexts(None)
     try:

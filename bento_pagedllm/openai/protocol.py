@@ -1,8 +1,8 @@
 """The OpenAI request bodies, as pydantic models: used at the HTTP boundary only.
 
 Field names and ranges follow OpenAI's API reference; `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
-`stop_token_ids`, `min_tokens`, `include_stop_str_in_output`, `skip_special_tokens` and `truncate_prompt_tokens`
-are vLLM's extensions. Unknown fields are ignored. Types are strict
+`stop_token_ids`, `min_tokens`, `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens` and
+`return_tokens_as_token_ids` are vLLM's extensions. Unknown fields are ignored. Types are strict
 (`"temperature": "1"` is an error, as in OpenAI's API), except that an integer is a valid float and, as JSON
 Schema has it, a float without a fractional part (`2.0`) a valid integer. The API's OpenAPI document is generated
 from these models (schema.py), and the tests fuzz the server against it.
@@ -97,6 +97,7 @@ class _SamplingRequest(_Body):
     include_stop_str_in_output: bool | None = False  # the matched stop string stays at the text's end
     skip_special_tokens: bool | None = True  # false: special tokens' text (e.g. "</s>") stays in the output
     truncate_prompt_tokens: PositiveInt | None = None  # keep only the prompt's last k tokens
+    return_tokens_as_token_ids: bool | None = False  # log-probabilities name tokens "token_id:N"
     # OpenAI's; the completions endpoint takes it too, as vLLM's does
     response_format: ResponseFormat | None = None
 

@@ -210,7 +210,8 @@ class _Server:
         body = await self._parse(request, CompletionRequest)
         engine = self._engine_for(body.model)
         job = await completion_job(body, engine, self._defaults(engine))
-        fmt = CompletionFormat(token_texts(engine.tokenizer), body.logprobs, bool(body.echo))
+        texts = token_texts(engine.tokenizer, bool(body.return_tokens_as_token_ids))
+        fmt = CompletionFormat(texts, body.logprobs, bool(body.echo))
         return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
     # ---- POST /chat/completions ----------------------------------------------------------------
@@ -218,7 +219,7 @@ class _Server:
         body = await self._parse(request, ChatCompletionRequest)
         engine = self._engine_for(body.model)
         job, tools = await chat_job(body, engine, self._defaults(engine), "chatcmpl-", "messages")
-        texts = token_texts(engine.tokenizer)
+        texts = token_texts(engine.tokenizer, bool(body.return_tokens_as_token_ids))
         logprobs = job.params[0].logprobs is not None
         fmt = ChatFormat(texts, logprobs) if tools is None else ToolCallFormat(texts, tools)
         return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
