@@ -178,8 +178,9 @@ class _Server:
         """What a request's omitted sampling fields default to (build_openai_app's `model_sampling_defaults`)."""
         return engine.prompts.sampling_defaults if self.model_sampling_defaults else {}
 
-    def _engine_for(self, model: str) -> AsyncLLMEngine:
-        if model != self.model_name:
+    def _engine_for(self, model: str | None) -> AsyncLLMEngine:
+        """The engine of the served model; `model` None (vLLM's tokenizer endpoints may leave it out): that one."""
+        if model is not None and model != self.model_name:
             raise errors.model_not_found(model)
         engine = self.get_engine()
         if engine is None:
@@ -237,12 +238,12 @@ class _Server:
     # ---- POST /tokenize, POST /detokenize (vLLM's) ---------------------------------------------------
     async def tokenize(self, request: Request) -> Response:
         body = await self._parse(request, TokenizeRequest)
-        engine = self._engine_for(self.model_name if body.model is None else body.model)
+        engine = self._engine_for(body.model)
         return JSONResponse(await tokenize(body, engine, self.model_name))
 
     async def detokenize(self, request: Request) -> Response:
         body = await self._parse(request, DetokenizeRequest)
-        engine = self._engine_for(self.model_name if body.model is None else body.model)
+        engine = self._engine_for(body.model)
         return JSONResponse(detokenize(body, engine))
 
 
