@@ -41,7 +41,9 @@ def aligned(kernel, constants):
 
 
 def ptx(kernel, constants, num_warps=4, num_stages=3):
-    """The kernel's PTX for an H100/H200 (sm_90): 16-bit tensors, 32-bit integers, float scales."""
+    """The kernel's PTX for an H100/H200 (sm_90): 16-bit tensors, 32-bit integers, float scales; the
+    constexprs not given take their defaults."""
+    constants = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constants}
     signature = {name: "constexpr" if name in constants else POINTERS.get(name, "*bf16")
                  if name.endswith("_ptr") else "fp32" if name in ("eps", "qk_scale") else "i32"
                  for name in kernel.arg_names}
