@@ -266,6 +266,12 @@ class LLMEngine:
     def _read_step(self, step: LaunchedStep) -> list[RequestOutput]:
         """Append a launched step's tokens to their sequences (waiting for the device if need be)."""
         sampled = self.runner.collect(step)
+        # NOTE: before the tokens: the step that samples a request's first token also scores its last prompt
+        # tokens, so every output with a token comes after all its prompt's scores
+        for seq_id, position, score in self.runner.collect_prompt_scores(step):
+            seq = self.scheduler.seqs_by_id.get(seq_id)
+            if seq is not None:
+                seq.request.prompt_logprobs[position] = score
         touched: dict[str, Request] = {}
         now = time.monotonic()
         for row, token in zip(step.plan.sampling_rows, sampled):
@@ -326,6 +332,9 @@ class LLMEngine:
         )
 
     def _append_token(self, seq: Sequence, token: TokenLogprob) -> None:
+        if seq.request.params.max_tokens == 0:  # only the prompt was wanted (its scores): the token is dropped
+            self.scheduler.finish_sequence(seq, "length")
+            return
         seq.append_token(token)
         if seq.num_computed_tokens >= seq.num_known_tokens:  # a launched step already used this token
             self.block_manager.cache_full_blocks(seq)
@@ -410,6 +419,7 @@ class LLMEngine:
                 times.arrival, times.first_scheduled, times.first_token, times.finished, num_preemptions,
                 times.cached_prompt_tokens,
             ),
+            prompt_logprobs=request.prompt_logprobs,
         )
 
     def _forget(self, request: Request) -> None:

@@ -54,9 +54,10 @@ class _Failed:
 
 # ---- the wire format of outputs -------------------------------------------------------------------
 # A choice's delta: (index, delta_text, delta_token_ids, delta_logprobs, cumulative_logprob, finish_reason,
-# stop_reason); an output's: (request_id, finished, error, metrics, choices).
+# stop_reason); an output's: (request_id, finished, error, metrics, choices, prompt_logprobs), the last
+# sent with the request's first output only.
 WireChoice = tuple[int, str, list[int], list[TokenLogprob] | None, float | None, str | None, str | int | None]
-WireOutput = tuple[str, bool, str | None, tuple, list[WireChoice]]
+WireOutput = tuple[str, bool, str | None, tuple, list[WireChoice], list[TokenLogprob | None] | None]
 
 
 def encode_output(out: RequestOutput) -> WireOutput:
@@ -65,7 +66,10 @@ def encode_output(out: RequestOutput) -> WireOutput:
                                       m.finished_time, m.num_preemptions, m.num_cached_tokens)
     choices = [(c.index, c.delta_text, c.delta_token_ids, c.delta_logprobs, c.cumulative_logprob,
                 c.finish_reason, c.stop_reason) for c in out.outputs]
-    return out.request_id, out.finished, out.error, metrics, choices
+    # NOTE: a request's first output is the one whose choices hold only this step's tokens (every choice
+    # gets its first token in the step that completes the prompt); its prompt scores are complete there
+    first = all(len(c.token_ids) == len(c.delta_token_ids) for c in out.outputs)
+    return out.request_id, out.finished, out.error, metrics, choices, out.prompt_logprobs if first else None
 
 
 def _picklable(error: BaseException) -> BaseException:
@@ -93,9 +97,12 @@ class OutputAssembler:
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self._choices: dict[int, tuple[str, list[int], list[TokenLogprob] | None]] = {}
+        self._prompt_logprobs: list[TokenLogprob | None] | None = None
 
     def add(self, wire: WireOutput) -> RequestOutput:
-        _, finished, error, metrics, wire_choices = wire
+        _, finished, error, metrics, wire_choices, prompt_logprobs = wire
+        if prompt_logprobs is not None:
+            self._prompt_logprobs = prompt_logprobs
         choices = []
         for index, delta_text, delta_ids, delta_logprobs, cumulative_logprob, reason, stop_reason in wire_choices:
             text, token_ids, logprobs = self._choices.get(index, ("", [], None))
@@ -109,7 +116,7 @@ class OutputAssembler:
                 delta_token_ids=delta_ids, delta_logprobs=delta_logprobs,
             ))
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, choices, finished,
-                             None if metrics is None else RequestMetrics(*metrics), error)
+                             None if metrics is None else RequestMetrics(*metrics), error, self._prompt_logprobs)
 
 
 # ---- the child ------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from .config import EngineConfigs
 from .cuda_graphs import batch_size_ladder
 from .distributed.parallel_state import ParallelConfig
 from .models.llama import LlamaForCausalLM
-from .sampler import HostSamples, SamplingBatch, sample
+from .sampler import HostSamples, SamplerOutput, SamplingBatch, sample, score_tokens
 from .scheduler import StepPlan
 from .sequence import PENDING_TOKEN, TokenLogprob
 from .transfer import pack_to_device, to_device
@@ -206,6 +206,12 @@ class ModelRunner:
             host.pending_rows = [rows[seq_id] for seq_id in host.pending_seq_ids]
         host.block_copies = plan.block_copies
         host.num_sampling_rows = len(plan.sampling_rows)
+        if plan.prompt_score_rows:
+            starts = dict(zip((s.seq_id for s in plan.seqs), itertools.accumulate(
+                (len(s.token_ids) for s in plan.seqs), initial=0)))
+            for rows in plan.prompt_score_rows:
+                first = starts[rows.seq_id] + rows.offset
+                host.score_indices += range(first, first + len(rows.targets))
         return host
 
     @torch.inference_mode()
@@ -227,22 +233,24 @@ class ModelRunner:
         if self.graphs is not None and host.all_decode and self.graphs.fits(num_seqs):
             # NOTE: every decode computes logits, in plan order: the graph's rows are the logit rows
             path = "decode_graph"
-            hidden = self.graphs.run(host.input_ids, host.positions, host.slots, host.seq_lens, host.tables,
-                                     pending_src)
+            hidden = every_token = self.graphs.run(host.input_ids, host.positions, host.slots, host.seq_lens,
+                                                   host.tables, pending_src)
         elif self.mixed_graphs is not None and self.mixed_graphs.fits(len(host.input_ids), num_seqs):
             path = "mixed_graph"
-            hidden = self.mixed_graphs.run(host.input_ids, host.positions, host.slots, host.query_lens,
-                                           host.seq_lens, host.tables, pending_src)
-            hidden = hidden[to_device(torch.tensor(host.logits_indices, dtype=torch.int64), self.device)]
+            every_token = self.mixed_graphs.run(host.input_ids, host.positions, host.slots, host.query_lens,
+                                                host.seq_lens, host.tables, pending_src)
+            hidden = every_token[to_device(torch.tensor(host.logits_indices, dtype=torch.int64), self.device)]
         else:
             input_ids, positions, meta, logits_indices, pending_src = self._device_inputs(host, pending_src)
             if host.pending_positions:
                 self._fill_pending_ids(input_ids, pending_src, self.sampled_tokens)
-            hidden = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
-            hidden = hidden[logits_indices]
+            every_token = self.model(input_ids, positions, self.kv_caches, meta)  # [num_tokens, hidden]
+            hidden = every_token[logits_indices]
         shape = (path, num_seqs, len(host.input_ids))
+        prompt_scores = self._score_prompt_tokens(every_token, host.score_indices, plan) if host.score_indices \
+            else None
         if not host.num_sampling_rows:
-            return self._launched(plan, None, started, shape)
+            return self._launched(plan, None, started, shape, prompt_scores)
         # [num_logit_rows, vocab] on rank 0, None elsewhere (the decode graph's hidden holds padding rows too)
         logits = self.logits(hidden, num_seqs if path == "decode_graph" else hidden.shape[0])
         sampled, rows = None, ()
@@ -265,7 +273,41 @@ class ModelRunner:
         samples = sampled.copy_to_host(self.copy_stream) if sampled is not None else None
         if samples is not None and samples.copied is not None:
             self._samples_copied = samples.copied
-        return self._launched(plan, samples, started, shape)
+        return self._launched(plan, samples, started, shape, prompt_scores)
+
+    # rows of prompt tokens scored a time: float32 logits and their log-softmax, [rows, vocab] each
+    SCORE_ROWS = 256
+
+    def _score_prompt_tokens(self, every_token: torch.Tensor, indices: list[int],
+                             plan: StepPlan | None) -> HostSamples | None:
+        """The log-probabilities of the prompt tokens the plan scores (`StepPlan.prompt_score_rows`), from the
+        hidden states of the tokens before them (`indices` into the step's tokens); copied to the host on
+        rank 0 (None on the other ranks, which take part in the LM head's collectives).
+
+        NOTE: the LM head runs on at most as many rows a time as a step has logit rows (its row buckets on
+        CUDA, SCORE_ROWS on the CPU): the memory reserved for a step's logits bounds the scoring's."""
+        rows = every_token[to_device(torch.tensor(indices, dtype=torch.int64), self.device)]  # [n, hidden]
+        step = max(self.logit_row_buckets, default=self.SCORE_ROWS)
+        if self.parallel.is_driver:
+            targets = to_device(torch.tensor([t for r in plan.prompt_score_rows for t in r.targets],
+                                             dtype=torch.int64), self.device)
+            num_top = max(r.num_top for r in plan.prompt_score_rows)
+        parts = []
+        for start in range(0, len(indices), step):
+            logits = self.logits(rows[start : start + step], min(step, len(indices) - start))
+            if logits is not None:
+                parts.append(score_tokens(logits, targets[start : start + step], num_top))
+        return SamplerOutput.concat(parts).copy_to_host(self.copy_stream) if parts else None
+
+    def collect_prompt_scores(self, step: "LaunchedStep") -> list[tuple[int, int, TokenLogprob]]:
+        """A launched step's prompt-token scores as (sequence id, prompt position of the token, its score),
+        waiting for their copy; none on the other ranks."""
+        if step.prompt_scores is None:
+            return []
+        rows = step.plan.prompt_score_rows
+        tops = [r.num_top for r in rows for _ in r.targets]
+        scores = iter(step.prompt_scores.read_tops(tops))
+        return [(r.seq_id, r.first_position + 1 + i, next(scores)) for r in rows for i in range(len(r.targets))]
 
     def logits(self, hidden: torch.Tensor, num_rows: int) -> torch.Tensor | None:
         """The logits of hidden's first `num_rows` rows: [num_rows, vocab] on rank 0, None elsewhere.
@@ -287,8 +329,9 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         return logits if logits is None or logits.shape[0] == num_rows else logits[:num_rows]
 
-    def _launched(self, plan: StepPlan | None, samples: HostSamples | None, started, shape) -> "LaunchedStep":
-        step = LaunchedStep(plan, samples, started, self._record_event())
+    def _launched(self, plan: StepPlan | None, samples: HostSamples | None, started, shape,
+                  prompt_scores: HostSamples | None = None) -> "LaunchedStep":
+        step = LaunchedStep(plan, samples, started, self._record_event(), prompt_scores)
         if started is not None:
             self.timeline.append((started, step.ended, *shape))
         return step
@@ -372,6 +415,7 @@ class LaunchedStep:
     samples: HostSamples | None
     started: "torch.cuda.Event | None" = None  # device timeline, when the runner records it
     ended: "torch.cuda.Event | None" = None
+    prompt_scores: HostSamples | None = None  # the plan's `prompt_score_rows`, in order (rank 0)
 
     @property
     def needs_token_history(self) -> bool:
@@ -399,6 +443,7 @@ class HostInputs:
     pending_rows: list[int] = field(default_factory=list)  # their rows in the previous step's samples
     block_copies: tuple[tuple[int, int], ...] = ()
     num_sampling_rows: int = 0
+    score_indices: list[int] = field(default_factory=list)  # the tokens whose logits score prompt tokens
 
     def pending_sources(self) -> list[int]:
         """Per input id, the row of the previous step's samples it is, or -1 (the id is given): the form

@@ -47,3 +47,6 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     error: str | None = None  # why the engine failed this request (its choices end with reason "error")
+    # `SamplingParams.prompt_logprobs`: one entry a prompt token, the first None (vLLM's form); complete in
+    # every output that carries a token. NOTE: the engine's own list: read it, do not change it
+    prompt_logprobs: list[TokenLogprob | None] | None = None

@@ -13,6 +13,7 @@ logits), as OpenAI reports them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -208,6 +209,14 @@ class SamplerOutput:
     logprobs: torch.Tensor | None  # [rows] float32, of the chosen tokens; None when no row asks
     top_ids: torch.Tensor | None  # [rows, k]
     top_logprobs: torch.Tensor | None  # [rows, k]
+    ranks: torch.Tensor | None = None  # [rows] int64, of given tokens (`score_tokens`)
+
+    @classmethod
+    def concat(cls, parts: list["SamplerOutput"]) -> "SamplerOutput":
+        """The rows of several outputs (made alike) as one."""
+        fields = [f.name for f in dataclasses.fields(cls)]
+        return cls(*(None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts])
+                     for name in fields))
 
     def copy_to_host(self, stream: "torch.cuda.Stream | None" = None) -> "HostSamples":
         """Start the copy to the host without waiting for it (pinned memory, an event marks the end), on
@@ -216,7 +225,7 @@ class SamplerOutput:
         Why a stream of its own: on the step's stream the copy sat between the sampling and the next
         step's first kernel, a hand-over of the copy engine each way. NOTE: `token_ids` may be a buffer
         the next step's sampling overwrites: that step must wait for `HostSamples.copied` first."""
-        tensors = (self.token_ids, self.logprobs, self.top_ids, self.top_logprobs)
+        tensors = (self.token_ids, self.logprobs, self.top_ids, self.top_logprobs, self.ranks)
         if self.token_ids.device.type != "cuda":  # NOTE: copies: token_ids may be the runner's reused buffer
             return HostSamples(*(None if t is None else t.clone() for t in tensors))
         current = torch.cuda.current_stream(self.token_ids.device)
@@ -240,21 +249,26 @@ class HostSamples:
     logprobs: torch.Tensor | None  # [rows] float32
     top_ids: torch.Tensor | None
     top_logprobs: torch.Tensor | None
+    ranks: torch.Tensor | None = None
     copied: "torch.cuda.Event | None" = None  # recorded after the device-to-host copies
 
     def read(self, rows: tuple[SamplingRow, ...]) -> list[TokenLogprob]:
         """NOTE: the step's one device-to-host synchronisation (waits for the copies)."""
+        return self.read_tops([row.params.logprobs or 0 for row in rows])
+
+    def read_tops(self, num_tops: list[int]) -> list[TokenLogprob]:
+        """One TokenLogprob a row, with the row's first num_tops[i] alternatives (waits for the copies)."""
         if self.copied is not None:
             self.copied.synchronize()
         ids = self.token_ids.tolist()
-        lps = self.logprobs.tolist() if self.logprobs is not None else [None] * len(rows)
+        lps = self.logprobs.tolist() if self.logprobs is not None else [None] * len(ids)
+        ranks = self.ranks.tolist() if self.ranks is not None else [None] * len(ids)
         top_ids = self.top_ids.tolist() if self.top_ids is not None else None
         top_lps = self.top_logprobs.tolist() if self.top_logprobs is not None else None
         out = []
-        for i, row in enumerate(rows):
-            k = row.params.logprobs or 0
+        for i, k in enumerate(num_tops):
             top = tuple(zip(top_ids[i][:k], top_lps[i][:k])) if top_ids is not None and k else ()
-            out.append(TokenLogprob(ids[i], lps[i], top))
+            out.append(TokenLogprob(ids[i], lps[i], top, ranks[i]))
         return out
 
 
@@ -299,6 +313,17 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, out: torch.Tensor | None 
     else:  # NOTE: no row asked for log-probabilities: none are computed (as in vLLM)
         chosen = None
     return SamplerOutput(tokens, chosen, top_ids, top_lps)
+
+
+def score_tokens(logits: torch.Tensor, targets: torch.Tensor, num_top: int) -> SamplerOutput:
+    """Given tokens' log-probabilities under the raw logits (prompt tokens: `SamplingParams.prompt_logprobs`),
+    their ranks (1: the most likely; ties rank alike) and each row's `num_top` most likely tokens.
+    logits: [rows, vocab], targets: [rows] int64."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [rows, vocab]
+    chosen = logprobs.gather(1, targets[:, None])  # [rows, 1]
+    ranks = (logprobs > chosen).sum(dim=-1) + 1
+    top_lps, top_ids = logprobs.topk(num_top, dim=-1) if num_top > 0 else (None, None)
+    return SamplerOutput(targets, chosen[:, 0], top_ids, top_lps, ranks)
 
 
 def _argmax(logits: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

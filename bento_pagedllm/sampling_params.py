@@ -14,7 +14,10 @@ class SamplingParams:
     `temperature == 0` means greedy. `top_k <= 0` (or -1) and `top_p == 1` and `min_p == 0` disable those
     filters. `repetition_penalty` (1 = off) applies to prompt and output tokens as in transformers;
     `presence_penalty` and `frequency_penalty` (0 = off) apply to output tokens as in OpenAI's API.
-    `logprobs=k` returns the chosen token's log-probability plus the top k alternatives (k may be 0).
+    `logprobs=k` returns the chosen token's log-probability plus the top k alternatives (k may be 0);
+    `prompt_logprobs=k` the same for every prompt token after the first (vLLM's parameter: each prompt
+    token's log-probability given the ones before it, its rank, and the top k at that position).
+    `max_tokens=0` generates nothing: only the prompt is computed (for its `prompt_logprobs`).
     `min_tokens`: end-of-sequence and `stop_token_ids` cannot be drawn before that many tokens (vLLM's
     meaning; stop strings still apply).
     `logit_bias`: token id -> a value in [-100, 100] added to that token's logit before sampling (OpenAI's
@@ -40,6 +43,7 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputs | None = None
@@ -63,11 +67,15 @@ class SamplingParams:
             (self.repetition_penalty > 0.0, "repetition_penalty must be positive"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty must be in [-2, 2]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (self.max_tokens is None or self.max_tokens >= 0, "max_tokens must be non-negative"),
             (self.min_tokens >= 0, "min_tokens must be non-negative"),
             (
                 self.logprobs is None or 0 <= self.logprobs <= self.MAX_LOGPROBS,
                 f"logprobs must be in [0, {self.MAX_LOGPROBS}]",
+            ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= self.MAX_LOGPROBS,
+                f"prompt_logprobs must be in [0, {self.MAX_LOGPROBS}]",
             ),
         ]
         for ok, message in checks:

@@ -59,6 +59,18 @@ class SamplingRow(NamedTuple):
     grammar: object = None
 
 
+class PromptScoreRows(NamedTuple):
+    """Prompt tokens to score this step (`SamplingParams.prompt_logprobs`): the logits of the scheduled
+    sequence's tokens `offset .. offset + len(targets) - 1` of this step (positions `first_position ..`)
+    give the log-probabilities of `targets`, the prompt tokens after each, with the top `num_top`."""
+
+    seq_id: int
+    offset: int  # into the sequence's tokens of this step
+    first_position: int
+    targets: tuple[int, ...]
+    num_top: int
+
+
 @dataclass(frozen=True)
 class StepPlan:
     seqs: tuple[ScheduledSequence, ...]
@@ -66,6 +78,7 @@ class StepPlan:
     block_copies: tuple[tuple[int, int], ...]
     num_batched_tokens: int
     num_preempted: int
+    prompt_score_rows: tuple[PromptScoreRows, ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -147,7 +160,9 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_pending:
                 break  # preempted while a step was in flight: its tokens must be known to recompute them
-            cached = self.block_manager.match_prefix(seq)  # cached blocks of its prefix count as computed
+            # cached blocks of its prefix count as computed; NOTE: not for prompt tokens still to be scored,
+            # whose logits only a computation gives (vLLM's rule too)
+            cached = 0 if seq.request.needs_prompt_logprobs else self.block_manager.match_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens, budget)
             seq_copies = self.block_manager.allocate_slots(seq, num_new)
             if seq_copies is None:
@@ -209,11 +224,16 @@ class Scheduler:
         seqs: list[ScheduledSequence] = []
         rows: list[SamplingRow] = []
         forked: list[Sequence] = []
+        scores: list[PromptScoreRows] = []
         num_logit_rows = 0
         for seq, num_new in scheduled:
             start = seq.num_computed_tokens
             completes = start + num_new == seq.num_tokens
             known = seq.token_ids[start : start + num_new]
+            if seq.request.needs_prompt_logprobs:
+                score = _prompt_score_rows(seq, start, num_new)
+                if score is not None:
+                    scores.append(score)
             seqs.append(
                 ScheduledSequence(
                     seq_id=seq.seq_id,
@@ -239,6 +259,7 @@ class Scheduler:
             block_copies=tuple(copies),
             num_batched_tokens=sum(len(s.token_ids) for s in seqs),
             num_preempted=num_preempted,
+            prompt_score_rows=tuple(scores),
         )
 
     def _fork(self, parent: Sequence, num_computed_after_step: int) -> list[Sequence]:
@@ -278,6 +299,19 @@ def longest_context_first(scheduled: list[tuple[Sequence, int]]) -> list[tuple[S
     if not all(num_new == 1 for _, num_new in scheduled):
         return scheduled
     return sorted(scheduled, key=lambda entry: -entry[0].num_computed_tokens)  # NOTE: stable: ties keep order
+
+
+def _prompt_score_rows(seq: Sequence, start: int, num_new: int) -> PromptScoreRows | None:
+    """The rows scoring prompt tokens among positions start .. start + num_new - 1 not scored yet (the last
+    prompt position's logits are the first sampling row's, not a prompt token's score)."""
+    request = seq.request
+    first = max(start, request.prompt_positions_scored)
+    end = min(start + num_new, request.num_prompt_tokens - 1)
+    if first >= end:
+        return None
+    request.prompt_positions_scored = end
+    return PromptScoreRows(seq.seq_id, first - start, first, tuple(request.prompt_token_ids[first + 1 : end + 1]),
+                           request.params.prompt_logprobs)
 
 
 def _sampling_row(seq: Sequence, logits_index: int) -> SamplingRow:

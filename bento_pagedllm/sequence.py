@@ -31,11 +31,13 @@ class SequenceStatus(enum.Enum):
 
 class TokenLogprob(NamedTuple):
     """The chosen token's log-probability and the top alternatives at that position (a NamedTuple: one
-    is made per sampled token)."""
+    is made per sampled token). For a prompt token (`SamplingParams.prompt_logprobs`) the token is the
+    prompt's, and `rank` its place in the distribution (1: the most likely)."""
 
     token_id: int
     logprob: float | None  # None when the request asked for no log-probabilities
     top: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
 
 
 _seq_counter = itertools.count()
@@ -173,6 +175,19 @@ class Request:
         self.num_prompt_tokens = len(self.prompt_token_ids)
         self.rng_seed = rng_seed
         self.seqs: list[Sequence] = [Sequence(self, 0, list(self.prompt_token_ids), rng_seed)]
+        # `params.prompt_logprobs`: entry i scores prompt token i given the ones before it (entry 0: None);
+        # filled as the steps computing the prompt are read
+        self.prompt_logprobs: list[TokenLogprob | None] | None = (
+            [None] * self.num_prompt_tokens if params.prompt_logprobs is not None else None)
+        # positions whose logits score the next prompt token that a planned step computes: 0 .. this - 1
+        # NOTE: only grows (a prompt recomputed after preemption is not scored twice)
+        self.prompt_positions_scored = 0
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt tokens are still to be scored: every prompt position must be computed, none taken from
+        the prefix cache."""
+        return self.prompt_logprobs is not None and self.prompt_positions_scored < self.num_prompt_tokens - 1
 
     @property
     def is_forked(self) -> bool:

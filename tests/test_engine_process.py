@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(300)
 
 PARAMS = [
     SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True),
-    SamplingParams(max_tokens=9, temperature=0.8, seed=7, logprobs=2),
+    SamplingParams(max_tokens=9, temperature=0.8, seed=7, logprobs=2, prompt_logprobs=1),
     SamplingParams(max_tokens=6, temperature=1.0, top_p=0.9, seed=3, n=2),
     SamplingParams(max_tokens=20, temperature=0.0, stop=["e"], ignore_eos=True),
 ]
@@ -86,7 +86,7 @@ def summary(outputs: list) -> list:
     last = outputs[-1]
     return [(c.index, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.cumulative_logprob,
              None if c.logprobs is None else list(c.logprobs))
-            for c in last.outputs] + [last.prompt, last.prompt_token_ids, last.finished]
+            for c in last.outputs] + [last.prompt, last.prompt_token_ids, last.finished, last.prompt_logprobs]
 
 
 async def test_outputs_equal_the_engine_on_a_thread(tiny_llama3_dir, process_engine):
@@ -100,11 +100,13 @@ async def test_outputs_equal_the_engine_on_a_thread(tiny_llama3_dir, process_eng
     for mine, theirs in zip(got, expected):
         assert summary(mine) == summary(theirs)
         assert len(mine) == len(theirs)  # one output per step, as in-process
+        assert all(out.prompt_logprobs == mine[-1].prompt_logprobs for out in mine)  # sent once, kept
         for out in mine:  # the deltas add up to the cumulative outputs, step by step
             for choice in out.outputs:
                 assert choice.text.endswith(choice.delta_text)
                 assert choice.token_ids[len(choice.token_ids) - len(choice.delta_token_ids):] == choice.delta_token_ids
     assert [c.stop_reason for c in got[3][-1].outputs] == ["e"]
+    assert got[1][-1].prompt_logprobs[1].token_id == 17 and got[0][-1].prompt_logprobs is None
 
 
 async def test_cancelling_the_consumer_aborts_in_the_engine_process(process_engine, observer):

@@ -58,8 +58,9 @@ def workload():
     prompts = [SHARED + [(i * 31 + j * 13) % 997 + 3 for j in range(6 + 7 * i)] for i in range(5)]
     prompts.append([(j * 17) % 997 + 3 for j in range(40)])
     greedy = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True, logprobs=0)
+    scored = SamplingParams(max_tokens=14, temperature=0.0, ignore_eos=True, logprobs=0, prompt_logprobs=2)
     sampled = SamplingParams(n=2, max_tokens=10, temperature=0.8, seed=123, ignore_eos=True)
-    return prompts, [greedy] * (len(prompts) - 1) + [sampled]
+    return prompts, [greedy, scored] + [greedy] * (len(prompts) - 3) + [sampled]
 
 
 def run(path: str, **kwargs):
@@ -69,8 +70,13 @@ def run(path: str, **kwargs):
     engine = llm.engine
     stats = dict(preemptions=engine.scheduler.num_preemptions_total,
                  prefix_hits=engine.block_manager.prefix_hit_tokens)
-    result = [[(c.token_ids, [lp.logprob for lp in c.logprobs] if c.logprobs else None) for c in o.outputs]
-              for o in outputs]
+    result = []
+    for o in outputs:
+        request = [(c.token_ids, [lp.logprob for lp in c.logprobs] if c.logprobs else None) for c in o.outputs]
+        if o.prompt_logprobs:  # the scored prompt's tokens and their log-probabilities, as one more row
+            scores = o.prompt_logprobs[1:]
+            request.append(([s.token_id for s in scores], [s.logprob for s in scores]))
+        result.append(request)
     return llm, result, stats
 
 
