@@ -156,7 +156,10 @@ def bad_inputs(model: str, *, max_body_bytes: int, vocab_size: int, model_path: 
         BadInput("response too long for the context", "/responses", response_with(input="Hi " * 20_000), 400),
         # unsupported parameters
         BadInput("suffix", "/completions", completion_with(suffix="y"), 400),
-        BadInput("echo with logprobs", "/completions", completion_with(echo=True, logprobs=1), 400),
+        # prompt scoring: what it cannot be
+        BadInput("prompt_logprobs with stream", "/completions", completion_with(prompt_logprobs=1, stream=True), 400),
+        BadInput("prompt_logprobs beyond 20", "/chat/completions", chat_with(prompt_logprobs=21), 400),
+        BadInput("max_tokens 0 without echo", "/completions", completion_with(max_tokens=0), 400),
         # unknown routes and methods
         BadInput("unknown route", "/embeddings", _json({"model": model, "input": "x"}), 404),
         BadInput("wrong method", "/completions", b"", 405, method="GET"),

@@ -290,6 +290,78 @@ async def test_echo(oai, engine):
     assert by_ids.choices[0].text == echoed.choices[0].text
 
 
+async def engine_prompt_scores(engine, prompt_ids, k):
+    async for out in engine.generate(prompt_ids, SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=k)):
+        last = out
+    return last.prompt_logprobs
+
+
+async def test_echo_with_logprobs_scores_the_prompt_then_the_output(oai, engine):
+    """OpenAI's legacy scoring request (lm-evaluation-harness's loglikelihood): echo, logprobs, a token or
+    none generated; the prompt's tokens lead the log-probabilities, the first without any."""
+    prompt = "The quick brown fox jumps over the lazy dog"
+    ids = engine.tokenizer(prompt).input_ids
+    scores = await engine_prompt_scores(engine, ids, 2)
+    for max_tokens in (1, 0):
+        out = await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                           echo=True, logprobs=2)
+        choice = out.choices[0]
+        lp = choice.logprobs
+        assert len(lp.tokens) == len(ids) + max_tokens and out.usage.completion_tokens == max_tokens
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert lp.token_logprobs[1 : len(ids)] == pytest.approx([s.logprob for s in scores[1:]], abs=1e-5)
+        # the top 2, and the prompt's token where it is not among them
+        assert [len(top) for top in lp.top_logprobs[1 : len(ids)]] == [2 + (s.rank > 2) for s in scores[1:]]
+        assert all(top[t] == logprob for t, top, logprob in zip(lp.tokens[1:], lp.top_logprobs[1:], lp.token_logprobs[1:]))
+        assert len(lp.tokens[0]) and lp.text_offset[0] == 0
+        assert all(b - a == len(t) for a, b, t in zip(lp.text_offset, lp.text_offset[1:], lp.tokens))
+        assert choice.text.startswith(prompt)
+        if max_tokens == 0:
+            assert choice.text == prompt and choice.finish_reason == "length"
+        else:
+            generated = await engine_token_ids(engine, ids, max_tokens=1)
+            assert choice.text == prompt + engine.tokenizer.decode(generated)
+    stream = [c async for c in await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=3,
+                                                            temperature=0, echo=True, logprobs=2, stream=True)]
+    full = await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True,
+                                        logprobs=2)
+    first = stream[0].choices[0]
+    assert first.text.startswith(prompt) and first.logprobs.token_logprobs[0] is None
+    streamed = [c.choices[0].logprobs for c in stream if c.choices[0].logprobs]
+    assert sum((s.tokens for s in streamed), []) == full.choices[0].logprobs.tokens
+    assert sum((s.text_offset for s in streamed), []) == full.choices[0].logprobs.text_offset
+    assert "".join(c.choices[0].text for c in stream) == full.choices[0].text
+    zero = [c async for c in await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=0, temperature=0,
+                                                          echo=True, logprobs=1, stream=True)]
+    assert "".join(c.choices[0].text for c in zero) == prompt
+    assert zero[-1].choices[0].finish_reason == "length"
+
+
+async def test_vllm_prompt_logprobs_field(http, engine):
+    """vLLM's `prompt_logprobs`: per prompt token None (the first) or {token id: logprob, rank, decoded_token},
+    the prompt's token first; on each completions choice, beside the choices of a chat answer."""
+    ids = engine.tokenizer("Once upon a time there was").input_ids
+    scores = await engine_prompt_scores(engine, ids, 3)
+    response = await http.post("/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 2,
+                                                          "temperature": 0, "prompt_logprobs": 3})
+    assert response.status_code == 200
+    field = response.json()["choices"][0]["prompt_logprobs"]
+    assert len(field) == len(ids) and field[0] is None
+    for position, (entry, score) in enumerate(zip(field[1:], scores[1:]), start=1):
+        first_id, first = next(iter(entry.items()))
+        assert int(first_id) == ids[position] and first["rank"] == score.rank
+        assert first["logprob"] == pytest.approx(score.logprob, abs=1e-5)
+        assert first["decoded_token"] == engine.tokenizer.convert_ids_to_tokens(ids[position]).replace("Ġ", " ")
+        ranked = [v["rank"] for k, v in entry.items() if int(k) != ids[position] or v["rank"] <= 3]
+        assert 3 <= len(entry) <= 4 and set(range(1, 4)) <= set(ranked)
+    chat = await http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2, "prompt_logprobs": 0})
+    body = chat.json()
+    assert chat.status_code == 200 and body["prompt_logprobs"][0] is None
+    assert all(len(entry) == 1 for entry in body["prompt_logprobs"][1:])
+    plain = await http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 2})
+    assert "prompt_logprobs" not in plain.json()
+
+
 async def test_token_id_prompts_and_batches(oai, engine):
     texts = ["Once upon a time", "The quick brown fox jumps"]
     ids = [engine.tokenizer(t).input_ids for t in texts]
@@ -551,7 +623,12 @@ BAD_REQUESTS = [
     ("/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
     ("/completions", {"model": MODEL, "prompt": "x", "stop_token_ids": [10 ** 6]}, 400, "stop_token_ids", None),
     ("/completions", {"model": MODEL, "prompt": "x", "suffix": "y"}, 400, "suffix", None),
-    ("/completions", {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),  # echo only
+    ("/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, 400, "max_tokens", "invalid_value"),
+    ("/completions", {"model": MODEL, "prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs", "invalid_value"),
+    ("/completions", {"model": MODEL, "prompt": "x", "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs",
+     None),
+    ("/chat/completions", {**CHAT, "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs", None),
     ("/completions", {"model": MODEL, "prompt": "x", "min_tokens": 5, "max_tokens": 2}, 400, "min_tokens", None),
     ("/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400, "response_format.type", "invalid_value"),
     ("/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, 400, "response_format", None),

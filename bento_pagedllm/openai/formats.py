@@ -9,7 +9,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ..outputs import CompletionOutput
+from ..outputs import CompletionOutput, RequestOutput
 from ..sequence import TokenLogprob
 
 MIN_LOGPROB = -9999.0  # JSON has no -inf
@@ -34,6 +34,17 @@ class Format:
 
     def __init__(self, texts: "_TokenTexts") -> None:
         self.texts = texts
+        self._scores: dict[int, list[TokenLogprob | None]] = {}  # per choice: its prompt's scores
+
+    def take_prompt_scores(self, index: int, scores: list[TokenLogprob | None] | None) -> None:
+        """The choice's prompt scores (`RequestOutput.prompt_logprobs`), given with each output before its
+        delta or choice is asked for."""
+        if scores is not None:
+            self._scores[index] = scores
+
+    def response_fields(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+        """Fields of a non-streamed answer beside its choices."""
+        return {}
 
     def opening(self, index: int, prompt: Prompt) -> dict[str, Any] | None:
         """The choice's first streamed chunk, if it has one."""
@@ -55,9 +66,16 @@ class ChatFormat(Format):
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, texts: "_TokenTexts", logprobs: bool) -> None:
+    def __init__(self, texts: "_TokenTexts", logprobs: bool, prompt_logprobs: int | None = None) -> None:
         super().__init__(texts)
         self.logprobs = logprobs
+        self.prompt_logprobs = prompt_logprobs
+
+    def response_fields(self, outputs: list[RequestOutput]) -> dict[str, Any]:
+        """vLLM's `prompt_logprobs` of a chat answer: beside the choices (one prompt)."""
+        if self.prompt_logprobs is None:
+            return {}
+        return {"prompt_logprobs": vllm_prompt_logprobs(self.texts, outputs[0].prompt_logprobs, self.prompt_logprobs)}
 
     def opening(self, index: int, prompt: Prompt) -> dict[str, Any]:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -99,57 +117,90 @@ def token_logprobs(texts: "_TokenTexts", logprobs: list[TokenLogprob]) -> list[d
 
 
 class CompletionFormat(Format):
+    """With `echo` and `logprobs` the log-probabilities start with the prompt's tokens (the first has none),
+    as OpenAI's legacy answers and vLLM's do; streamed, the prompt's text and scores come with the first
+    tokens. `prompt_logprobs`: vLLM's field of that name on each choice."""
+
     object = "text_completion"
     chunk_object = "text_completion"
 
-    def __init__(self, texts: "_TokenTexts", logprobs: int | None, echo: bool) -> None:
+    def __init__(self, texts: "_TokenTexts", logprobs: int | None, echo: bool,
+                 prompt_logprobs: int | None = None) -> None:
         super().__init__(texts)
         self.logprobs = logprobs
         self.echo = echo
+        self.prompt_logprobs = prompt_logprobs
         self._offsets: dict[int, int] = {}  # per choice: text_offset of its next token
+        self._held: dict[int, Prompt] = {}  # per choice: a prompt to echo with its scores in the first delta
+
+    @property
+    def _echoes_scores(self) -> bool:
+        return self.echo and self.logprobs is not None
 
     def _echo(self, index: int, prompt: Prompt) -> str:
         text = ""
         if self.echo:
             text = prompt.text if prompt.text is not None else self.texts.decode(prompt.token_ids)
-        self._offsets[index] = len(text)
+        # NOTE: echoed scores count offsets from the prompt's first token (vLLM's), else from the output's
+        self._offsets[index] = 0 if self._echoes_scores else len(text)
         return text
 
+    def _prompt_entries(self, index: int, prompt: Prompt) -> list[tuple[int, TokenLogprob | None]]:
+        """The prompt's tokens with their scores, to lead the echoed log-probabilities."""
+        if not self._echoes_scores or not prompt.token_ids:
+            return []
+        scores = self._scores.get(index) or [None] * len(prompt.token_ids)
+        return list(zip(prompt.token_ids, scores))
+
     def opening(self, index: int, prompt: Prompt) -> dict[str, Any] | None:
+        if self._echoes_scores:  # NOTE: the prompt's scores come with the first tokens: so does its text
+            self._held[index] = prompt
+            return None
         text = self._echo(index, prompt)
         return {"index": index, "text": text, "logprobs": None, "finish_reason": None} if text else None
 
     def delta(self, index: int, choice: CompletionOutput) -> dict[str, Any] | None:
+        held = self._held.pop(index, None)
+        echo, entries = "", []
+        if held is not None:
+            echo, entries = self._echo(index, held), self._prompt_entries(index, held)
         logprobs = choice.delta_logprobs if self.logprobs is not None else None
         # NOTE: a chunk for every step that produced tokens, even when their text is still held back (or
         # the model has no tokenizer), as vLLM does: streaming clients time tokens by chunks
-        if not choice.delta_text and not logprobs and not choice.delta_token_ids:
+        if held is None and not choice.delta_text and not logprobs and not choice.delta_token_ids:
             return None
-        return {"index": index, "text": choice.delta_text, "logprobs": self._logprobs(index, logprobs),
-                "finish_reason": None}
+        if logprobs is not None:
+            entries += [(lp.token_id, lp) for lp in logprobs]
+        return {"index": index, "text": echo + choice.delta_text,
+                "logprobs": self._logprobs(index, entries) if logprobs is not None else None, "finish_reason": None}
 
     def finish(self, index: int, reason: str | None) -> dict[str, Any]:
         return {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
 
     def choice(self, index: int, prompt: Prompt, choice: CompletionOutput) -> dict[str, Any]:
         echo = self._echo(index, prompt)
-        return {
-            "index": index,
-            "text": echo + choice.text,
-            "logprobs": self._logprobs(index, choice.logprobs if self.logprobs is not None else None),
-            "finish_reason": finish_reason(choice),
-        }
+        logprobs = None
+        if self.logprobs is not None:
+            logprobs = self._logprobs(index, self._prompt_entries(index, prompt)
+                                      + [(lp.token_id, lp) for lp in choice.logprobs or []])
+        answer = {"index": index, "text": echo + choice.text, "logprobs": logprobs,
+                  "finish_reason": finish_reason(choice)}
+        if self.prompt_logprobs is not None:
+            answer["prompt_logprobs"] = vllm_prompt_logprobs(self.texts, self._scores.get(index), self.prompt_logprobs)
+        return answer
 
-    def _logprobs(self, index: int, logprobs: list[TokenLogprob] | None) -> dict[str, Any] | None:
-        if logprobs is None:
-            return None
+    def _logprobs(self, index: int, entries: list[tuple[int, TokenLogprob | None]]) -> dict[str, Any]:
+        """OpenAI's legacy form of (token id, its score or None) entries."""
         tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
         offset = self._offsets.get(index, 0)
-        for lp in logprobs:
-            text = self.texts.get(lp.token_id)[0]
-            chosen = max(lp.logprob, MIN_LOGPROB)
-            top = {self.texts.get(token_id)[0]: max(logprob, MIN_LOGPROB) for token_id, logprob in lp.top}
-            top.setdefault(text, chosen)  # the chosen token is always listed, as in OpenAI's answers
+        for token_id, lp in entries:
+            text = self.texts.get(token_id)[0]
+            if lp is None:  # the prompt's first token: nothing before it to score it
+                chosen, top = None, None
+            else:
+                chosen = max(lp.logprob, MIN_LOGPROB)
+                top = {self.texts.get(i)[0]: max(logprob, MIN_LOGPROB) for i, logprob in lp.top[: self.logprobs]}
+                top.setdefault(text, chosen)  # the chosen token is always listed, as in OpenAI's answers
             tokens.append(text)
             token_logprobs.append(chosen)
             top_logprobs.append(top)
@@ -158,6 +209,28 @@ class CompletionFormat(Format):
         self._offsets[index] = offset
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": text_offset}
+
+
+def vllm_prompt_logprobs(texts: "_TokenTexts", scores: list[TokenLogprob | None] | None,
+                         num_top: int) -> list[dict[str, Any] | None] | None:
+    """vLLM's form of prompt scores: per prompt token None (the first) or {token id: {"logprob", "rank",
+    "decoded_token"}}, the prompt's token first, then the `num_top` most likely."""
+    if scores is None:
+        return None
+
+    def entry(logprob: float, rank: int | None, token_id: int) -> dict[str, Any]:
+        return {"logprob": max(logprob, MIN_LOGPROB), "rank": rank, "decoded_token": texts.get(token_id)[0]}
+
+    answer: list[dict[str, Any] | None] = []
+    for score in scores:
+        if score is None:
+            answer.append(None)
+            continue
+        tokens = {str(score.token_id): entry(score.logprob, score.rank, score.token_id)}
+        for rank, (token_id, logprob) in enumerate(score.top[:num_top], start=1):
+            tokens.setdefault(str(token_id), entry(logprob, rank, token_id))
+        answer.append(tokens)
+    return answer
 
 
 # ---- how logprobs name tokens ------------------------------------------------------------------------

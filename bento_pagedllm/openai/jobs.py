@@ -43,15 +43,18 @@ async def completion_job(body: CompletionRequest, engine: AsyncLLMEngine, defaul
         raise OpenAIError("suffix is not supported.", param="suffix")
     if body.best_of is not None and body.best_of != n:
         raise OpenAIError("best_of is supported only when equal to n.", param="best_of")
-    if body.echo and body.logprobs is not None:
-        raise OpenAIError("echo with logprobs is not supported (no prompt logprobs).", param="echo")
+    if body.max_tokens == 0 and not body.echo:
+        raise OpenAIError("max_tokens may be 0 only with echo (the prompt and its log-probabilities).",
+                          param="max_tokens")
     texts = _completion_prompts(body.prompt)
     limit = engine.limits.max_waiting_requests
     if limit is not None and len(texts) > limit:  # NOTE: never admissible: a 503 would invite retries
         raise OpenAIError(f"The prompt holds {len(texts)} prompts; this server takes at most {limit} in one "
                           "request.", param="prompt")
     prompts = _truncated([await _tokenize(engine, p) for p in texts], body.truncate_prompt_tokens)
-    base = _base_params(body, engine, defaults, logprobs=body.logprobs)
+    # NOTE: echo with logprobs scores the prompt too, with as many alternatives as the output's
+    scored = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
+    base = _base_params(body, engine, defaults, logprobs=body.logprobs, prompt_logprobs=max(scored, default=None))
     return _job("cmpl-", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt", defaults))
 
 
@@ -68,7 +71,7 @@ async def chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, defaults
                           param="logprobs")
     prompts = _truncated([Prompt(await chat_prompt_ids(body, engine, tools, noun), None)], body.truncate_prompt_tokens)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    base = _base_params(body, engine, defaults, logprobs=logprobs)
+    base = _base_params(body, engine, defaults, logprobs=logprobs, prompt_logprobs=body.prompt_logprobs)
     if tools is not None and (schema := tools.constraint_schema()) is not None:
         if base.structured_outputs is not None:
             raise OpenAIError("A tool_choice that forces a call cannot be combined with response_format or "
@@ -136,12 +139,14 @@ async def tokenize_text(engine: AsyncLLMEngine, text: str, add_special_tokens: b
 
 def _base_params(
     body: CompletionRequest | ChatCompletionRequest, engine: AsyncLLMEngine, defaults: Mapping[str, float | int], *,
-    logprobs: int | None
+    logprobs: int | None, prompt_logprobs: int | None = None
 ) -> SamplingParams:
     """The request's SamplingParams, `max_tokens` left to `_fit_context`; `defaults` for the fields it leaves
     out (the model's recommendations), then OpenAI's."""
     if body.stream_options is not None and not body.stream:
         raise OpenAIError("stream_options is only allowed when stream is true.", param="stream_options")
+    if body.prompt_logprobs is not None and body.stream:  # NOTE: as vLLM: they would all come in one chunk
+        raise OpenAIError("prompt_logprobs is not supported when stream is true.", param="prompt_logprobs")
     vocab = engine.prompts.model_config.vocab_size
     stop_token_ids = body.stop_token_ids or []
     if any(t >= vocab for t in stop_token_ids):
@@ -167,6 +172,7 @@ def _base_params(
             include_stop_str_in_output=bool(body.include_stop_str_in_output),
             skip_special_tokens=body.skip_special_tokens is not False,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             logit_bias=logit_bias,
             structured_outputs=structured_outputs,
         )

@@ -98,6 +98,8 @@ class _SamplingRequest(_Body):
     skip_special_tokens: bool | None = True  # false: special tokens' text (e.g. "</s>") stays in the output
     truncate_prompt_tokens: PositiveInt | None = None  # keep only the prompt's last k tokens
     return_tokens_as_token_ids: bool | None = False  # log-probabilities name tokens "token_id:N"
+    # each prompt token's log-probability and the top k at its position (not streamed)
+    prompt_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     # OpenAI's; the completions endpoint takes it too, as vLLM's does
     response_format: ResponseFormat | None = None
 
@@ -106,6 +108,7 @@ class CompletionRequest(_SamplingRequest):
     """POST /completions. `prompt`: a string, a list of strings (a batch), token ids or a list of token-id lists."""
 
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: Annotated[Int, Field(ge=0)] | None = None  # 0: with echo, only the prompt (and its scores)
     echo: bool | None = False
     logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     suffix: str | None = None  # accepted only when null: not supported

@@ -185,6 +185,7 @@ async def respond(
     cached_tokens = sum(prompt_tokens_cached(out) for out in outputs)
     for p_index, (prompt, out) in enumerate(zip(job.prompts, outputs)):
         for choice in sorted(out.outputs, key=lambda c: c.index):
+            fmt.take_prompt_scores(p_index * job.n + choice.index, out.prompt_logprobs)
             choices.append(fmt.choice(p_index * job.n + choice.index, prompt, choice))
             completion_tokens += len(choice.token_ids)
     return JSONResponse({
@@ -195,6 +196,7 @@ async def respond(
         "system_fingerprint": None,
         "choices": choices,
         "usage": _usage(job.prompt_tokens, completion_tokens, cached_tokens),
+        **fmt.response_fields(outputs),
     })
 
 
@@ -271,6 +273,7 @@ async def _sse_events(streams: JobStreams, job: Job, fmt: Format, include_usage:
                     index = p_index * job.n + choice.index
                     if index in finished:
                         continue
+                    fmt.take_prompt_scores(index, out.prompt_logprobs)
                     delta = fmt.delta(index, choice)
                     if delta is not None:
                         events.append(choice_chunk(delta, p_index, len(choice.token_ids)))

@@ -212,7 +212,7 @@ class _Server:
         engine = self._engine_for(body.model)
         job = await completion_job(body, engine, self._defaults(engine))
         texts = token_texts(engine.tokenizer, bool(body.return_tokens_as_token_ids))
-        fmt = CompletionFormat(texts, body.logprobs, bool(body.echo))
+        fmt = CompletionFormat(texts, body.logprobs, bool(body.echo), body.prompt_logprobs)
         return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
     # ---- POST /chat/completions ----------------------------------------------------------------
@@ -222,7 +222,8 @@ class _Server:
         job, tools = await chat_job(body, engine, self._defaults(engine), "chatcmpl-", "messages")
         texts = token_texts(engine.tokenizer, bool(body.return_tokens_as_token_ids))
         logprobs = job.params[0].logprobs is not None
-        fmt = ChatFormat(texts, logprobs) if tools is None else ToolCallFormat(texts, tools)
+        fmt = ChatFormat(texts, logprobs, body.prompt_logprobs) if tools is None else ToolCallFormat(
+            texts, tools, body.prompt_logprobs)
         return await respond(request, engine, job, fmt, body, self._reporter(request), self.stream_interval)
 
     # ---- POST /responses -----------------------------------------------------------------------

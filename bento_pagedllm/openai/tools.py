@@ -124,8 +124,8 @@ class ToolCallFormat(ChatFormat):
     """Chat choices as tool calls (module docstring). NOTE: one instance per API request: it holds each
     choice's state while it streams."""
 
-    def __init__(self, texts: _TokenTexts, plan: ToolPlan) -> None:
-        super().__init__(texts, logprobs=False)
+    def __init__(self, texts: _TokenTexts, plan: ToolPlan, prompt_logprobs: int | None = None) -> None:
+        super().__init__(texts, logprobs=False, prompt_logprobs=prompt_logprobs)
         self.plan = plan
         self._held: dict[int, str] = {}  # required, auto while JSON: the answer so far
         self._as_text: set[int] = set()  # auto: choices found to be text, streamed as such
