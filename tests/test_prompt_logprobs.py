@@ -22,37 +22,38 @@ GREEDY = dict(temperature=0.0)
 CLOSE = 1e-4
 
 
-def reference_scores(model_dir: str, ids: list[int], k: int):
+def reference_scores(model_dir: str, ids: list[int], k: int, device: str = "cpu", close: float = CLOSE):
     """transformers' log-probability of each prompt token after the first, the range of ranks it may take
-    (its rank, counting ties within CLOSE either way), and the top k ids and log-probabilities."""
-    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    (its rank, counting ties within `close` either way), and the top k ids and log-probabilities."""
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     with torch.no_grad():
-        logprobs = torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)[:-1]  # [len - 1, vocab]
+        logits = hf(torch.tensor([ids], device=device)).logits[0].float().cpu()
+    logprobs = torch.log_softmax(logits, dim=-1)[:-1]  # [len - 1, vocab]
     targets = torch.tensor(ids[1:])
     chosen = logprobs.gather(1, targets[:, None])  # [len - 1, 1]
-    ranks = list(zip(((logprobs > chosen + CLOSE).sum(-1) + 1).tolist(),
-                     ((logprobs > chosen - CLOSE).sum(-1)).tolist()))
+    ranks = list(zip(((logprobs > chosen + close).sum(-1) + 1).tolist(),
+                     ((logprobs > chosen - close).sum(-1)).tolist()))
     top = logprobs.topk(k + 1, dim=-1)  # NOTE: one more: the first token left out, for the gaps
     return chosen[:, 0].tolist(), ranks, (top.indices.tolist(), top.values.tolist())
 
 
-def check_scores(out, ids, expected, k):
+def check_scores(out, ids, expected, k, close: float = CLOSE):
     chosen, ranks, top = expected
     scores = out.prompt_logprobs
     assert len(scores) == len(ids) and scores[0] is None
     for position in range(1, len(ids)):
         score = scores[position]
         assert score.token_id == ids[position]
-        assert score.logprob == pytest.approx(chosen[position - 1], abs=CLOSE)
+        assert score.logprob == pytest.approx(chosen[position - 1], abs=close)
         low, high = ranks[position - 1]
         assert low <= score.rank <= high
         assert len(score.top) == k
         if k:
             ids_ref, lps_ref = top[0][position - 1], top[1][position - 1]
-            assert [lp for _, lp in score.top] == pytest.approx(lps_ref[:k], abs=CLOSE)
+            assert [lp for _, lp in score.top] == pytest.approx(lps_ref[:k], abs=close)
             for j, (token, _) in enumerate(score.top):
                 gaps = [abs(lps_ref[j] - other) for i, other in enumerate(lps_ref) if i != j]
-                if all(gap > CLOSE for gap in gaps):
+                if all(gap > close for gap in gaps):
                     assert token == ids_ref[j]
 
 

@@ -4,6 +4,7 @@ bfloat16. Skipped visibly without CUDA; run it on the GPU machine."""
 from __future__ import annotations
 
 import gc
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -54,13 +55,17 @@ def reference(model_dir, dtype):
     return out
 
 
-def run_engine(model_dir, dtype, stats: dict | None = None, logprobs: int | None = 0, **engine_kwargs):
+def run_engine(model_dir, dtype, stats: dict | None = None, logprobs: int | None = 0,
+               prompt_logprobs: int | None = None, **engine_kwargs):
+    """The prompts' final outputs (greedy); `stats`, where given, gets what the run did (and the requests'
+    prompt log-probabilities, where asked)."""
     from bento_pagedllm import LLMEngine, EngineArgs, SamplingParams
 
     # a small cache and token budget: preemption and chunked prefill happen, as in the CPU parity tests
     engine = LLMEngine(EngineArgs(model=model_dir, dtype=dtype, device="cuda", num_kv_blocks=48,
                                   max_model_len=768, max_num_batched_tokens=64, **engine_kwargs))
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=logprobs, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=logprobs, ignore_eos=True,
+                            prompt_logprobs=prompt_logprobs)
     for i, ids in enumerate(prompts()):
         engine.add_request(f"p{i}", ids, params)
     final, logit_rows, compute_logits = {}, [], engine.model.compute_logits
@@ -69,7 +74,7 @@ def run_engine(model_dir, dtype, stats: dict | None = None, logprobs: int | None
     while engine.has_unfinished_requests():
         for out in engine.step():
             if out.finished:
-                final[out.request_id] = out.outputs[0]
+                final[out.request_id] = out
         if stats is not None and engine.last_plan is not None:
             stats.setdefault("step_rows", set()).add(len(engine.last_plan.sampling_rows))
     assert engine.scheduler.num_preemptions_total > 0
@@ -83,7 +88,9 @@ def run_engine(model_dir, dtype, stats: dict | None = None, logprobs: int | None
     del engine
     gc.collect()
     torch.cuda.synchronize()
-    return [final[f"p{i}"] for i in range(len(LENGTHS))]
+    if stats is not None:
+        stats["prompt_logprobs"] = [final[f"p{i}"].prompt_logprobs for i in range(len(LENGTHS))]
+    return [final[f"p{i}"].outputs[0] for i in range(len(LENGTHS))]
 
 
 def test_float32_greedy_matches_transformers_exactly(tiny_dir, monkeypatch):
@@ -117,6 +124,23 @@ def test_float32_greedy_matches_transformers_exactly(tiny_dir, monkeypatch):
     for out, (tokens, logprobs) in zip(ours, reference(tiny_dir, torch.float32)):
         assert out.token_ids == tokens
         assert max(abs(a.logprob - b) for a, b in zip(out.logprobs, logprobs)) < 1e-3
+
+
+@pytest.mark.parametrize("graphs", [True, False], ids=["cuda-graphs", "eager"])
+def test_float32_prompt_scores_match_transformers(tiny_dir, graphs):
+    """Prompt log-probabilities on CUDA (scored in chunks, recomputed after preemption, through the mixed
+    graphs or eagerly) against transformers' forward pass on the same GPU; the generated tokens unchanged.
+    NOTE: 1e-3 nats, as for the sampled tokens' log-probabilities above (float32, other summation orders)."""
+    from test_prompt_logprobs import check_scores, reference_scores
+
+    stats = {}
+    ours = run_engine(tiny_dir, "float32", stats, prompt_logprobs=3, enforce_eager=not graphs)
+    assert (stats["mixed_replays"] > 0) == graphs  # NOTE: every step before the last prompt's end scores
+    for out, scores, ids, (tokens, _) in zip(ours, stats["prompt_logprobs"], prompts(),
+                                             reference(tiny_dir, torch.float32)):
+        assert out.token_ids == tokens
+        check_scores(SimpleNamespace(prompt_logprobs=scores), ids, reference_scores(tiny_dir, ids, 3, "cuda", 1e-3),
+                     3, close=1e-3)
 
 
 def test_bfloat16_agrees_with_transformers_bfloat16(tiny_dir):
