@@ -1,6 +1,6 @@
 """The BentoML service: it owns the engine (on a thread of its worker, or in a child process of it:
 PAGEDLLM_ENGINE_PROCESS) and mounts the
-OpenAI-compatible API at /v1 (with vLLM's /tokenize and /detokenize at the root too) and the chat page at /chat
+OpenAI-compatible API at /v1 (with vLLM's /tokenize, /detokenize, /health and /version at the root too) and the chat page at /chat
 (bento_pagedllm/web/). Settings come from the
 environment: see bento_pagedllm/settings.py.
 
@@ -17,9 +17,10 @@ import threading
 import bentoml
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from bento_pagedllm import __version__
 from bento_pagedllm.openai.auth import APIKeyMiddleware
 from bento_pagedllm.openai.routes import build_openai_app
 from bento_pagedllm.settings import ServiceSettings
@@ -55,12 +56,18 @@ async def vllm_health(request: Request) -> Response:
     return Response(status_code=200 if bentoml.get_current_service().__is_ready__() else 503)
 
 
-# vLLM serves its tokenizer endpoints and its health check at the root, and clients call them there. NOTE: a
+async def vllm_version(request: Request) -> Response:
+    """vLLM's `GET /version`: the server's version, as clients and dashboards read it there."""
+    return JSONResponse({"version": __version__})
+
+
+# vLLM serves its tokenizer endpoints, its health check and its version at the root, and clients call them there. NOTE: a
 # Starlette app, so BentoML mounts it passively (it takes these paths and nothing else); the tokenizer routes'
 # endpoint is the API app itself (an ASGI app, not a function: Starlette passes it the request's scope as is)
 vllm_root_app = Starlette(routes=[
     *(Route(path, openai_app, methods=["POST"]) for path in ("/tokenize", "/detokenize")),
     Route("/health", vllm_health, methods=["GET"]),
+    Route("/version", vllm_version, methods=["GET"]),
 ])
 
 

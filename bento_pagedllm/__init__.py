@@ -7,6 +7,8 @@ from .outputs import CompletionOutput, RequestOutput
 from .sampling_params import SamplingParams
 from .structured_output import StructuredOutputs
 
+__version__ = "0.1.0"  # NOTE: the package's version too (pyproject.toml reads it)
+
 __all__ = [
     "AsyncLLMEngine",
     "CompletionOutput",

@@ -184,6 +184,14 @@ def test_vllms_tokenizer_endpoints_at_the_root_and_under_v1(client, server):
     assert httpx.get(f"{server.base}/tokenize", headers=headers).status_code == 405
 
 
+def test_vllms_version_endpoint_names_the_installed_package(server):
+    from importlib.metadata import version
+
+    r = httpx.get(f"{server.base}/version", headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 200 and r.json() == {"version": version("bento-pagedllm")}
+    assert httpx.get(f"{server.base}/version").status_code == 401
+
+
 def test_health_and_metrics_open_as_configured_the_rest_behind_the_key(server):
     for path in ("/readyz", "/livez", "/healthz", "/health", "/metrics"):  # PAGEDLLM_OPEN_HEALTH_AND_METRICS=true
         assert httpx.get(f"{server.base}{path}").status_code == 200, path
