@@ -182,6 +182,7 @@ class LLMEngine:
         self.validate_prompt(ids, params)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, mix_seed(seed, 0))
+        request.bad_words = self.prompts.bad_words_token_ids(params)
         if params.structured_outputs is not None:
             try:
                 request.seqs[0].grammar = self.grammars.matcher(params.structured_outputs)

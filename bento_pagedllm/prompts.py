@@ -11,7 +11,7 @@ from typing import Any
 from .config import EngineArgs, EngineConfigs
 from .loader import ModelSource, resolve_model, sampling_defaults
 from .sampling_params import SamplingParams
-from .tokenizer import apply_chat_template, encode_prompt, load_tokenizer
+from .tokenizer import apply_chat_template, bad_words_token_ids, encode_prompt, load_tokenizer
 
 PromptType = str | list[int]
 
@@ -62,6 +62,8 @@ class PromptProcessor:
             raise RequestError(f"prompt token ids must be in [0, {vocab})")
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise RequestError(f"logit_bias token ids must be in [0, {vocab})")
+        if params.allowed_token_ids and params.allowed_token_ids[-1] >= vocab:
+            raise RequestError(f"allowed_token_ids must be in [0, {vocab})")
         max_num_seqs = self.configs.scheduler.max_num_seqs
         if params.n > max_num_seqs:
             # NOTE: the scheduler seats the n choices together: a larger n would wait forever, and block the
@@ -71,3 +73,9 @@ class PromptProcessor:
             raise RequestError("stop strings need a tokenizer")
         if params.structured_outputs is not None and self.tokenizer is None:
             raise RequestError("structured outputs need a tokenizer")
+        if params.bad_words and self.tokenizer is None:
+            raise RequestError("bad_words need a tokenizer")
+
+    def bad_words_token_ids(self, params: SamplingParams) -> tuple[tuple[int, ...], ...]:
+        """The token sequences the request's `bad_words` ban (checked by `validate_prompt`: a tokenizer)."""
+        return bad_words_token_ids(self.tokenizer, params.bad_words) if params.bad_words else ()

@@ -1,7 +1,8 @@
 """Batched sampling on the logits' device: one set of tensor operations for every row, no per-row loop.
 
 Order of operations (as vLLM and transformers apply them): penalties on the raw logits, then each row's
-logit bias (OpenAI's), then the min-tokens bans and the grammars' masks (structured outputs); greedy rows
+logit bias (OpenAI's), then the bans (min-tokens, bad words) and the allowed sets (grammars' masks for
+structured outputs, `allowed_token_ids`); greedy rows
 take the argmax; the others are divided by their temperature, filtered by min-p, top-k and top-p, and drawn
 with the exponential-race trick (`argmax(p / E)`, E ~ Exp(1)), which equals sampling from p.
 
@@ -14,6 +15,7 @@ logits), as OpenAI reports them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -79,7 +81,7 @@ class SamplingBatch:
     num_logprobs: int  # top alternatives to return (max over rows), -1 when no row asks
     banned: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows, token ids) that must not be drawn
     bias: tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor] | None = None  # ((rows, token ids), values)
-    allowed: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows [k], their grammars' bitmasks [k, vocab / 32])
+    allowed: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows [k], their allowed tokens' bitmasks [k, vocab / 32])
     temperature: torch.Tensor | None = None  # [rows] float32, 1.0 for greedy rows
     top_p: torch.Tensor | None = None  # [rows] float32
     min_p: torch.Tensor | None = None  # [rows] float32
@@ -111,9 +113,9 @@ class SamplingBatch:
             penalties=PenaltyBatch.from_rows(rows, vocab_size, device) if any(p.uses_penalties for p in params)
             else None,
             num_logprobs=max(asked) if asked else -1,
-            banned=_min_tokens_bans(rows, eos_token_ids, vocab_size, device),
+            banned=_bans(rows, eos_token_ids, vocab_size, device),
             bias=_logit_biases(rows, device),
-            allowed=_grammar_masks(rows, vocab_size, device),
+            allowed=_allowed_masks(rows, vocab_size, device),
         )
         if flags["all_greedy"]:
             return cls(**flags)
@@ -126,14 +128,17 @@ class SamplingBatch:
                    top_k=ints[1], seeds=ints[2], positions=ints[3])
 
 
-def _min_tokens_bans(rows, eos_token_ids, vocab_size, device):
-    """(row, token) pairs that may not be drawn yet: end-of-sequence and stop ids before min_tokens."""
+def _bans(rows, eos_token_ids, vocab_size, device):
+    """(row, token) pairs that may not be drawn now: end-of-sequence and stop ids before min_tokens, and the
+    last token of each bad word whose other tokens the output ends on."""
     pairs = []
     for i, row in enumerate(rows):
         # NOTE: not under a grammar, which decides where the output ends (a ban could leave no token allowed)
         if row.output_position < row.params.min_tokens and row.grammar is None:
             ids = set(row.params.stop_token_ids) | (set() if row.params.ignore_eos else set(eos_token_ids))
             pairs += [(i, t) for t in sorted(ids) if 0 <= t < vocab_size]
+        if row.bad_words:
+            pairs += [(i, t) for t in sorted(_bad_word_ends(row.bad_words, row.output_token_ids))]
     if not pairs:
         return None
     packed = to_device(torch.tensor(pairs, dtype=torch.int64).t().contiguous(), device)
@@ -152,13 +157,42 @@ def _logit_biases(rows, device):
     return (index[0], index[1]), to_device(torch.tensor([b for _, _, b in entries], dtype=torch.float32), device)
 
 
-def _grammar_masks(rows, vocab_size, device):
-    """(rows, bitmasks) of the rows under a grammar (structured outputs), or None when no row is."""
-    constrained = [i for i, row in enumerate(rows) if row.grammar is not None]  # NOTE: every step: cheap
-    if not constrained:
+def _bad_word_ends(bad_words: tuple[tuple[int, ...], ...], output: tuple[int, ...]) -> set[int]:
+    """The last tokens of the bad words whose tokens before it end the output (a one-token word: always)."""
+    ends = set()
+    for word in bad_words:
+        prefix = len(word) - 1
+        if prefix <= len(output) and (prefix == 0 or output[len(output) - prefix:] == word[:-1]):
+            ends.add(word[-1])
+    return ends
+
+
+def _allowed_masks(rows, vocab_size, device):
+    """(rows, bitmasks) of the rows that may draw only some tokens, or None when no row is limited: a
+    grammar's next tokens (structured outputs), `allowed_token_ids`, or both (the tokens in each)."""
+    limited = [i for i, row in enumerate(rows)  # NOTE: every step: cheap
+               if row.grammar is not None or row.params.allowed_token_ids is not None]
+    if not limited:
         return None
-    masks = allowed_token_masks([rows[i].grammar for i in constrained], vocab_size)
-    return to_device(torch.tensor(constrained, dtype=torch.int64), device), to_device(masks, device)
+    grammars = [i for i in limited if rows[i].grammar is not None]
+    masks = torch.full((len(limited), (vocab_size + 31) // 32), -1, dtype=torch.int32)  # every token
+    if grammars:
+        masks[[limited.index(i) for i in grammars]] = allowed_token_masks([rows[i].grammar for i in grammars],
+                                                                          vocab_size)
+    for k, i in enumerate(limited):
+        if rows[i].params.allowed_token_ids is not None:
+            masks[k] &= token_bitmask(tuple(rows[i].params.allowed_token_ids), vocab_size)
+    return to_device(torch.tensor(limited, dtype=torch.int64), device), to_device(masks, device)
+
+
+@functools.lru_cache(maxsize=64)
+def token_bitmask(token_ids: tuple[int, ...], vocab_size: int) -> torch.Tensor:
+    """[ceil(vocab / 32)] int32 with bit j of word i set for each token 32 i + j given (llguidance's layout,
+    as `allowed_token_masks`); made once per set of tokens (a request's, every step it samples)."""
+    bits = torch.zeros((vocab_size + 31) // 32 * 32, dtype=torch.int64)
+    bits[list(token_ids)] = 1
+    words = (bits.view(-1, 32) << torch.arange(32)).sum(dim=1)  # [words] in [0, 2^32)
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
 
 
 @dataclass(frozen=True)

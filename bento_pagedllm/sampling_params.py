@@ -25,6 +25,9 @@ class SamplingParams:
     are checked against the vocabulary where it is known (`PromptProcessor.validate_prompt`).
     `structured_outputs`: the output must match a JSON Schema, a regular expression, a choice or a grammar
     (structured_output.py); min_tokens does not ban the end of such an output: the grammar decides it.
+    `allowed_token_ids` (vLLM's): only these tokens may be drawn (under a grammar, those of them it allows).
+    `bad_words` (vLLM's): the output never ends on a word's tokens (as the tokenizer writes the word alone and
+    after a space): the last token of a word is banned wherever the output ends on the tokens before it.
     """
 
     n: int = 1
@@ -47,6 +50,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None
     structured_outputs: StructuredOutputs | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = field(default_factory=list)
 
     MAX_LOGPROBS = 20
     MAX_LOGIT_BIAS = 100.0
@@ -96,11 +101,17 @@ class SamplingParams:
         self.uses_penalties = (
             self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
         )
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = sorted({int(t) for t in self.allowed_token_ids})
+            if not self.allowed_token_ids or self.allowed_token_ids[0] < 0:
+                raise ValueError("allowed_token_ids must be non-empty token ids (non-negative)")
+        self.bad_words = [w for w in (self.bad_words or []) if w.strip()]
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
             raise ValueError("structured_outputs must be a StructuredOutputs")
         # the next token's sampling depends on the tokens sampled so far, read on the host (penalties count
-        # them, a grammar's mask follows them): a step sampling such a row is read before the next is planned
-        self.reads_history = self.uses_penalties or self.structured_outputs is not None
+        # them, a grammar's mask follows them, a bad word's ban follows its first tokens): a step sampling
+        # such a row is read before the next is planned
+        self.reads_history = self.uses_penalties or self.structured_outputs is not None or bool(self.bad_words)
 
     @property
     def greedy(self) -> bool:

@@ -57,6 +57,7 @@ class SamplingRow(NamedTuple):
     # reads tokens, and reads every step that samples the sequence before planning the next, so at
     # sampling time it stands where the row's tokens end
     grammar: object = None
+    bad_words: tuple[tuple[int, ...], ...] = ()  # Request.bad_words (with the output tokens, which they follow)
 
 
 class PromptScoreRows(NamedTuple):
@@ -315,7 +316,7 @@ def _prompt_score_rows(seq: Sequence, start: int, num_new: int) -> PromptScoreRo
 
 
 def _sampling_row(seq: Sequence, logits_index: int) -> SamplingRow:
-    params = seq.request.params
+    params, bad_words = seq.request.params, seq.request.bad_words
     penalties = params.uses_penalties
     return SamplingRow(
         seq_id=seq.seq_id,
@@ -324,6 +325,7 @@ def _sampling_row(seq: Sequence, logits_index: int) -> SamplingRow:
         rng_seed=seq.rng_seed,
         output_position=seq.num_output_tokens,
         prompt_token_ids=tuple(seq.token_ids[: seq.num_prompt_tokens]) if penalties else (),
-        output_token_ids=tuple(seq.output_token_ids) if penalties else (),
+        output_token_ids=tuple(seq.output_token_ids) if penalties or bad_words else (),
         grammar=seq.grammar,
+        bad_words=bad_words,
     )

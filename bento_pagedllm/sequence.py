@@ -182,6 +182,8 @@ class Request:
         # positions whose logits score the next prompt token that a planned step computes: 0 .. this - 1
         # NOTE: only grows (a prompt recomputed after preemption is not scored twice)
         self.prompt_positions_scored = 0
+        # `params.bad_words` as token sequences (the engine tokenizes them when it admits the request)
+        self.bad_words: tuple[tuple[int, ...], ...] = ()
 
     @property
     def needs_prompt_logprobs(self) -> bool:

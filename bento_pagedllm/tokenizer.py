@@ -33,6 +33,16 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tok
     return list(tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
 
 
+def bad_words_token_ids(tokenizer: PreTrainedTokenizerBase, words: list[str]) -> tuple[tuple[int, ...], ...]:
+    """The token sequences `SamplingParams.bad_words` ban: each word as the tokenizer writes it alone and after a
+    space (at a text's start, and inside it), without special tokens; each sequence once."""
+    sequences = []
+    for word in words:
+        for text in (word.lstrip(), " " + word.lstrip()):
+            sequences.append(tuple(encode_prompt(tokenizer, text, add_special_tokens=False)))
+    return tuple(dict.fromkeys(s for s in sequences if s))
+
+
 @functools.lru_cache(maxsize=1)
 def chat_template_call_arguments() -> frozenset[str]:
     """The names transformers' `apply_chat_template` takes itself (and `messages`, the template's variable):

@@ -404,6 +404,30 @@ async def test_logit_bias(oai, engine):
     assert chat.choices[0].message.content == engine.tokenizer.decode([forced] * 3, skip_special_tokens=True)
 
 
+async def test_allowed_token_ids_and_bad_words(oai, engine):
+    """vLLM's allowed_token_ids and bad_words reach the sampler from both endpoints: the answers are the
+    engine's own under the same restriction."""
+    ids = engine.tokenizer("Once upon a time there was").input_ids
+    free = await engine_token_ids(engine, ids, max_tokens=8, ignore_eos=True)
+    allowed = sorted(set(free[2:]) | {ids[1]})
+    restricted = await engine_token_ids(engine, ids, max_tokens=8, ignore_eos=True, allowed_token_ids=allowed)
+    assert set(restricted) <= set(allowed) and restricted != free
+    out = await oai.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0,
+                                       extra_body={"ignore_eos": True, "allowed_token_ids": allowed})
+    assert out.choices[0].text == engine.tokenizer.decode(restricted, skip_special_tokens=True)
+    word = engine.tokenizer.decode(free[:2])
+    unsaid = await engine_token_ids(engine, ids, max_tokens=8, ignore_eos=True, bad_words=[word])
+    assert unsaid != free
+    out = await oai.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0,
+                                       extra_body={"ignore_eos": True, "bad_words": [word]})
+    assert out.choices[0].text == engine.tokenizer.decode(unsaid, skip_special_tokens=True)
+    chat_ids = engine.prompts.chat_prompt_ids(HELLO)
+    expected = await engine_token_ids(engine, chat_ids, max_tokens=4, allowed_token_ids=allowed)
+    chat = await oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, temperature=0,
+                                             extra_body={"allowed_token_ids": allowed})
+    assert chat.choices[0].message.content == engine.tokenizer.decode(expected, skip_special_tokens=True)
+
+
 PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                                 "age": {"type": "integer", "minimum": 0, "maximum": 150}},
                  "required": ["name", "age"], "additionalProperties": False}
@@ -630,6 +654,11 @@ BAD_REQUESTS = [
      None),
     ("/chat/completions", {**CHAT, "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs", None),
     ("/completions", {"model": MODEL, "prompt": "x", "min_tokens": 5, "max_tokens": 2}, 400, "min_tokens", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "allowed_token_ids": [49152]}, 400, "allowed_token_ids", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "allowed_token_ids": []}, 400, "allowed_token_ids",
+     "invalid_value"),
+    ("/chat/completions", {**CHAT, "bad_words": ["w"] * 65}, 400, "bad_words", "invalid_value"),
+    ("/chat/completions", {**CHAT, "bad_words": "w"}, 400, "bad_words", "invalid_type"),
     ("/chat/completions", {**CHAT, "response_format": {"type": "xml"}}, 400, "response_format.type", "invalid_value"),
     ("/chat/completions", {**CHAT, "response_format": {"type": "json_schema"}}, 400, "response_format", None),
     ("/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {

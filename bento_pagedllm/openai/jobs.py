@@ -152,6 +152,8 @@ def _base_params(
     if any(t >= vocab for t in stop_token_ids):
         raise OpenAIError(f"stop_token_ids must be in [0, {vocab}).", param="stop_token_ids")
     logit_bias = _logit_bias(body.logit_bias, vocab)
+    if body.allowed_token_ids and max(body.allowed_token_ids) >= vocab:
+        raise OpenAIError(f"allowed_token_ids must be in [0, {vocab}).", param="allowed_token_ids")
     structured_outputs = _structured_outputs(body)
     try:
         return SamplingParams(
@@ -175,6 +177,8 @@ def _base_params(
             prompt_logprobs=prompt_logprobs,
             logit_bias=logit_bias,
             structured_outputs=structured_outputs,
+            allowed_token_ids=body.allowed_token_ids,
+            bad_words=body.bad_words or [],
         )
     except ValueError as error:
         raise OpenAIError(str(error)) from None

@@ -1,8 +1,8 @@
 """The OpenAI request bodies, as pydantic models: used at the HTTP boundary only.
 
 Field names and ranges follow OpenAI's API reference; `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
-`stop_token_ids`, `min_tokens`, `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens` and
-`return_tokens_as_token_ids` are vLLM's extensions. Unknown fields are ignored. Types are strict
+`stop_token_ids`, `min_tokens`, `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens`,
+`return_tokens_as_token_ids`, `prompt_logprobs`, `allowed_token_ids` and `bad_words` are vLLM's extensions. Unknown fields are ignored. Types are strict
 (`"temperature": "1"` is an error, as in OpenAI's API), except that an integer is a valid float and, as JSON
 Schema has it, a float without a fractional part (`2.0`) a valid integer. The API's OpenAPI document is generated
 from these models (schema.py), and the tests fuzz the server against it.
@@ -20,6 +20,8 @@ MAX_N = 128
 # serves everyone: long lists would slow all requests down. (OpenAI takes at most 4 stop strings.)
 MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 64
+# NOTE: each bad word is matched against a sequence's last tokens every step it samples, on the engine thread
+MAX_BAD_WORDS = 64
 MAX_LOGIT_BIAS = 300  # entries a request: OpenAI's limit (each costs host work every step it is sampled)
 MAX_TOOLS = 128  # OpenAI's limit
 
@@ -98,6 +100,8 @@ class _SamplingRequest(_Body):
     skip_special_tokens: bool | None = True  # false: special tokens' text (e.g. "</s>") stays in the output
     truncate_prompt_tokens: PositiveInt | None = None  # keep only the prompt's last k tokens
     return_tokens_as_token_ids: bool | None = False  # log-probabilities name tokens "token_id:N"
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # only these may be drawn
+    bad_words: Annotated[list[str], Field(max_length=MAX_BAD_WORDS)] | None = None  # never ended on
     # each prompt token's log-probability and the top k at its position (not streamed)
     prompt_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     # OpenAI's; the completions endpoint takes it too, as vLLM's does
