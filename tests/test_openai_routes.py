@@ -510,6 +510,37 @@ async def test_the_models_generation_config_sets_the_sampling_defaults(tiny_llam
         engine.shutdown()
 
 
+async def test_add_special_tokens_false_leaves_the_bos_out(tiny_llama3_dir, tmp_path):
+    """vLLM's add_special_tokens on completions: a tokenizer that writes a BOS before a text prompt (here
+    SmolLM2's, told to) does so unless the request says false; /tokenize counts the same."""
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_llama3_dir, model_dir)
+    spec = json.loads((model_dir / "tokenizer.json").read_text())
+    bos = {"id": "<|im_start|>", "type_id": 0}
+    spec["post_processor"] = {"type": "TemplateProcessing", "single": [{"SpecialToken": bos},
+                                                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                              "pair": [{"SpecialToken": bos}, {"Sequence": {"id": "A", "type_id": 0}},
+                                       {"Sequence": {"id": "B", "type_id": 0}}],
+                              "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1],
+                                                                  "tokens": ["<|im_start|>"]}}}
+    (model_dir / "tokenizer.json").write_text(json.dumps(spec))
+    engine = tiny_engine(str(model_dir))
+    try:
+        plain = engine.tokenizer("Once upon a time", add_special_tokens=False).input_ids
+        assert engine.tokenizer("Once upon a time").input_ids == [1] + plain
+        body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+        async with http_client(mount(lambda: engine)) as client:
+            for add, ids in ((True, [1] + plain), (False, plain)):
+                extra = {} if add else {"add_special_tokens": False}
+                out = (await client.post("/v1/completions", json={**body, **extra})).json()
+                assert out["usage"]["prompt_tokens"] == len(ids)
+                expected = await engine_token_ids(engine, ids, max_tokens=3, ignore_eos=True)
+                assert out["choices"][0]["text"] == engine.tokenizer.decode(expected, skip_special_tokens=True)
+        assert await wait_idle(engine)
+    finally:
+        engine.shutdown()
+
+
 async def test_vllms_output_and_prompt_options(engine, http):
     """vLLM's include_stop_str_in_output (the matched stop string kept), skip_special_tokens (false: their text
     kept) and truncate_prompt_tokens (the prompt's last k tokens only)."""
@@ -647,6 +678,7 @@ BAD_REQUESTS = [
     ("/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
     ("/completions", {"model": MODEL, "prompt": "x", "stop_token_ids": [10 ** 6]}, 400, "stop_token_ids", None),
     ("/completions", {"model": MODEL, "prompt": "x", "suffix": "y"}, 400, "suffix", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "use_beam_search": True}, 400, "use_beam_search", None),
     ("/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),  # echo only
     ("/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, 400, "max_tokens", "invalid_value"),
     ("/completions", {"model": MODEL, "prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs", "invalid_value"),

@@ -51,7 +51,8 @@ async def completion_job(body: CompletionRequest, engine: AsyncLLMEngine, defaul
     if limit is not None and len(texts) > limit:  # NOTE: never admissible: a 503 would invite retries
         raise OpenAIError(f"The prompt holds {len(texts)} prompts; this server takes at most {limit} in one "
                           "request.", param="prompt")
-    prompts = _truncated([await _tokenize(engine, p) for p in texts], body.truncate_prompt_tokens)
+    prompts = _truncated([await _tokenize(engine, p, body.add_special_tokens is not False) for p in texts],
+                         body.truncate_prompt_tokens)
     # NOTE: echo with logprobs scores the prompt too, with as many alternatives as the output's
     scored = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
     base = _base_params(body, engine, defaults, logprobs=body.logprobs, prompt_logprobs=max(scored, default=None))
@@ -124,10 +125,10 @@ def _completion_prompts(prompt: str | list) -> list[str | list[int]]:
     return list(prompt)
 
 
-async def _tokenize(engine: AsyncLLMEngine, prompt: str | list[int]) -> Prompt:
+async def _tokenize(engine: AsyncLLMEngine, prompt: str | list[int], add_special_tokens: bool) -> Prompt:
     if not isinstance(prompt, str):
         return Prompt(list(prompt), None)
-    return Prompt(await tokenize_text(engine, prompt), prompt)
+    return Prompt(await tokenize_text(engine, prompt, add_special_tokens), prompt)
 
 
 async def tokenize_text(engine: AsyncLLMEngine, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -145,6 +146,8 @@ def _base_params(
     out (the model's recommendations), then OpenAI's."""
     if body.stream_options is not None and not body.stream:
         raise OpenAIError("stream_options is only allowed when stream is true.", param="stream_options")
+    if body.use_beam_search:
+        raise OpenAIError("use_beam_search is not supported.", param="use_beam_search")
     if body.prompt_logprobs is not None and body.stream:  # NOTE: as vLLM: they would all come in one chunk
         raise OpenAIError("prompt_logprobs is not supported when stream is true.", param="prompt_logprobs")
     vocab = engine.prompts.model_config.vocab_size

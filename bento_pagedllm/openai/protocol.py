@@ -102,6 +102,7 @@ class _SamplingRequest(_Body):
     return_tokens_as_token_ids: bool | None = False  # log-probabilities name tokens "token_id:N"
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # only these may be drawn
     bad_words: Annotated[list[str], Field(max_length=MAX_BAD_WORDS)] | None = None  # never ended on
+    use_beam_search: bool | None = False  # vLLM's; accepted only when false: not supported
     # each prompt token's log-probability and the top k at its position (not streamed)
     prompt_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     # OpenAI's; the completions endpoint takes it too, as vLLM's does
@@ -114,6 +115,7 @@ class CompletionRequest(_SamplingRequest):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     max_tokens: Annotated[Int, Field(ge=0)] | None = None  # 0: with echo, only the prompt (and its scores)
     echo: bool | None = False
+    add_special_tokens: bool | None = True  # vLLM's: false leaves out the tokenizer's own (a BOS) from text prompts
     logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     suffix: str | None = None  # accepted only when null: not supported
     best_of: PositiveInt | None = None  # accepted only when equal to n
