@@ -266,10 +266,12 @@ class AsyncLLMEngine:
         params: SamplingParams,
         request_id: str | None = None,
         prompt: PromptType | None = None,
+        cache_salt: str | None = None,
     ) -> RequestStream:
         """Admit a request and return its stream; everything that can refuse it raises here, synchronously
         (so an HTTP route can still answer with a status code): `RequestError` (invalid),
-        `EngineOverloadedError`, `EngineShuttingDownError`. Must be called on a running event loop."""
+        `EngineOverloadedError`, `EngineShuttingDownError`. Must be called on a running event loop.
+        `cache_salt`: as `LLMEngine.add_request`'s."""
         if self._draining:
             raise EngineShuttingDownError("the engine is shutting down")
         if self.dead_error is not None:
@@ -293,7 +295,7 @@ class AsyncLLMEngine:
         self._waiting_ids.add(request_id)
         self._streams[request_id] = stream
         self._core.send(AddRequest(request_id, prompt, prompt_token_ids, params,
-                                   None if timeout is None else time.monotonic() + timeout))
+                                   None if timeout is None else time.monotonic() + timeout, cache_salt))
         return stream
 
     async def generate(

@@ -53,7 +53,7 @@ class BlockManager:
         bs = self.block_size
         while len(hashes) < num_blocks:
             i = len(hashes)
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else seq.request.cache_salt  # NOTE: the salt names the empty prefix
             hashes.append(hash((parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))))
         return hashes  # NOTE: may be longer than asked (memo); callers index it
 

@@ -173,7 +173,11 @@ class LLMEngine:
         prompt: PromptType,
         params: SamplingParams | None = None,
         prompt_token_ids: list[int] | None = None,
+        cache_salt: str | None = None,
     ) -> Request:
+        """Admit a request (`RequestError` where it cannot be served). `cache_salt` (vLLM's): its prompt's
+        blocks are found in, and go into, the prefix cache only for requests with the same salt: tenants that
+        do not share a salt cannot learn from its timing which prompts the others sent."""
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._request_counter)}"
         if request_id in self.requests:
@@ -183,6 +187,7 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, mix_seed(seed, 0))
         request.bad_words = self.prompts.bad_words_token_ids(params)
+        request.cache_salt = cache_salt
         if params.structured_outputs is not None:
             try:
                 request.seqs[0].grammar = self.grammars.matcher(params.structured_outputs)

@@ -184,6 +184,8 @@ class Request:
         self.prompt_positions_scored = 0
         # `params.bad_words` as token sequences (the engine tokenizes them when it admits the request)
         self.bad_words: tuple[tuple[int, ...], ...] = ()
+        # the prefix cache's name of the empty prefix, for this request's blocks (LLMEngine.add_request)
+        self.cache_salt: str | None = None
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -428,6 +428,27 @@ async def test_allowed_token_ids_and_bad_words(oai, engine):
     assert chat.choices[0].message.content == engine.tokenizer.decode(expected, skip_special_tokens=True)
 
 
+async def test_cache_salt_shares_the_prefix_cache_only_within_a_salt(http):
+    """vLLM's cache_salt: a prompt sent again finds its blocks cached under its own salt only (usage's
+    cached_tokens); the outputs are the same either way."""
+    prompt = "A prompt of several blocks for the salted cache: " + " ".join(str(i) for i in range(40))
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+
+    async def cached(**extra) -> tuple[int, str]:
+        out = (await http.post("/v1/completions", json={**body, **extra})).json()
+        return out["usage"]["prompt_tokens_details"]["cached_tokens"], out["choices"][0]["text"]
+
+    first, text = await cached(cache_salt="tenant-a")
+    assert first == 0
+    again, same = await cached(cache_salt="tenant-a")
+    assert again > 0 and same == text
+    for other in ({"cache_salt": "tenant-b"}, {}):
+        assert await cached(**other) == (0, text)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2, "cache_salt": "c"}
+    usages = [(await http.post("/v1/chat/completions", json=chat)).json()["usage"] for _ in range(2)]
+    assert usages[0]["prompt_tokens_details"]["cached_tokens"] == 0 < usages[1]["prompt_tokens_details"]["cached_tokens"]
+
+
 PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                                 "age": {"type": "integer", "minimum": 0, "maximum": 150}},
                  "required": ["name", "age"], "additionalProperties": False}
@@ -679,6 +700,7 @@ BAD_REQUESTS = [
     ("/completions", {"model": MODEL, "prompt": "x", "stop_token_ids": [10 ** 6]}, 400, "stop_token_ids", None),
     ("/completions", {"model": MODEL, "prompt": "x", "suffix": "y"}, 400, "suffix", None),
     ("/completions", {"model": MODEL, "prompt": "x", "use_beam_search": True}, 400, "use_beam_search", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "cache_salt": ""}, 400, "cache_salt", "invalid_value"),
     ("/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),  # echo only
     ("/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, 400, "max_tokens", "invalid_value"),
     ("/completions", {"model": MODEL, "prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs", "invalid_value"),

@@ -13,8 +13,10 @@ from bento_pagedllm.scheduler import Scheduler
 from bento_pagedllm.sequence import Request, TokenLogprob
 
 
-def seq_of(tokens):
-    return Request("r", None, list(tokens), Params(), rng_seed=0).seqs[0]
+def seq_of(tokens, cache_salt=None):
+    request = Request("r", None, list(tokens), Params(), rng_seed=0)
+    request.cache_salt = cache_salt
+    return request.seqs[0]
 
 
 def compute(bm, seq):
@@ -50,6 +52,24 @@ def test_reuse_of_the_longest_named_prefix():
     bm.free(a)
     bm.free(b)
     assert bm.num_free_blocks == 16 and bm.num_cached_blocks == 4  # a's 3 + b's own third block
+    check_invariants(bm)
+
+
+def test_a_salted_prefix_is_shared_only_with_the_same_salt():
+    """vLLM's cache_salt: the same prompt under another salt (or none) finds nothing cached."""
+    bm = BlockManager(num_blocks=32, block_size=4, enable_prefix_caching=True)
+    owners = [seq_of(range(14), salt) for salt in (None, "tenant-a")]
+    for seq in owners:
+        compute(bm, seq)
+    assert bm.num_cached_blocks == 6  # two sets of 3 names for the same tokens
+    for salt, block_table in ((None, owners[0].block_table), ("tenant-a", owners[1].block_table)):
+        again = seq_of(range(14), salt)
+        assert bm.match_prefix(again) == 12 and again.block_table == block_table[:3]
+        bm.free(again)
+    stranger = seq_of(range(14), "tenant-b")
+    assert bm.match_prefix(stranger) == 0 and stranger.block_table == []
+    for seq in owners:
+        bm.free(seq)
     check_invariants(bm)
 
 

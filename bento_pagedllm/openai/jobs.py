@@ -284,4 +284,5 @@ def _truncated(prompts: list[Prompt], keep: int | None) -> list[Prompt]:
 
 def _job(id_prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[Prompt],
          params: list[SamplingParams]) -> Job:
-    return Job(f"{id_prefix}{uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts, params)
+    return Job(f"{id_prefix}{uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts, params,
+               body.cache_salt)

@@ -103,6 +103,8 @@ class _SamplingRequest(_Body):
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # only these may be drawn
     bad_words: Annotated[list[str], Field(max_length=MAX_BAD_WORDS)] | None = None  # never ended on
     use_beam_search: bool | None = False  # vLLM's; accepted only when false: not supported
+    # vLLM's: the prompt shares prefix-cache blocks only with requests of the same salt (one per tenant)
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None
     # each prompt token's log-probability and the top k at its position (not streamed)
     prompt_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     # OpenAI's; the completions endpoint takes it too, as vLLM's does

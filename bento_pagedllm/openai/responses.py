@@ -39,6 +39,7 @@ class Job:
     n: int
     prompts: list[Prompt]
     params: list[SamplingParams]
+    cache_salt: str | None = None  # vLLM's: the prefix cache shared only with requests of the same salt
 
     @property
     def prompt_tokens(self) -> int:
@@ -82,7 +83,8 @@ class JobStreams:
         self._merged: asyncio.Queue | None = None  # the outputs of several streams, while outputs() runs
         try:
             for i, (prompt, params) in enumerate(zip(job.prompts, job.params)):
-                self.streams.append(engine.submit(prompt.token_ids, params, request_id=f"{job.id}-{i}"))
+                self.streams.append(engine.submit(prompt.token_ids, params, request_id=f"{job.id}-{i}",
+                                                  cache_salt=job.cache_salt))
         except BaseException:
             self.close()
             raise
