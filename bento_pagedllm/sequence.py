@@ -58,7 +58,7 @@ class Sequence:
         # the one launched after it).
         self.num_pending = 0
         self.block_table: list[int] = []
-        self.block_hashes: list[int] = []  # prefix-cache names of its full blocks, memoised
+        self.block_hashes: list[bytes] = []  # prefix-cache names of its full blocks, memoised
         self.num_named_blocks = 0  # leading blocks of the table already offered to the prefix cache
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None

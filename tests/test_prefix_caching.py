@@ -73,6 +73,25 @@ def test_a_salted_prefix_is_shared_only_with_the_same_salt():
     check_invariants(bm)
 
 
+def test_block_names_are_sha256_chains():
+    """A block's name is SHA-256 over its prefix's name and its token ids: no crafted prompt collides with
+    another's blocks (Python's `hash` of a tuple is not collision-resistant)."""
+    import hashlib
+    import struct
+
+    from bento_pagedllm.block_manager import empty_prefix_name
+
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    for salt, root in ((None, b""), ("t\ud800", empty_prefix_name("t\ud800"))):  # any string: lone surrogates too
+        seq = seq_of(range(9), salt)
+        compute(bm, seq)
+        first = hashlib.sha256(root + struct.pack("<4q", 0, 1, 2, 3)).digest()
+        assert seq.block_hashes == [first, hashlib.sha256(first + struct.pack("<4q", 4, 5, 6, 7)).digest()]
+        bm.free(seq)
+    assert len(root) == 32 and bm.num_cached_blocks == 4
+    check_invariants(bm)
+
+
 def test_the_last_token_is_always_computed():
     bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
     a = seq_of(range(8))
