@@ -128,6 +128,17 @@ async def test_streamed_events_rebuild_the_response(oai, http):
     assert streamed[-2].type == "response.output_item.done"
 
 
+async def test_cache_salt_keeps_the_prefix_cache_within_the_salt(http):
+    """vLLM's cache_salt on responses, as on chat: the same input again hits the cache under its salt only."""
+    request = {"model": MODEL, "input": "Salted: " + " ".join(str(i) for i in range(40)), "max_output_tokens": 2}
+
+    async def cached(salt: str) -> int:
+        body = (await http.post("/v1/responses", json={**request, "cache_salt": salt})).json()
+        return body["usage"]["input_tokens_details"]["cached_tokens"]
+
+    assert await cached("a") == 0 and await cached("a") > 0 and await cached("b") == 0
+
+
 async def test_log_probabilities_as_chat_reports_them(oai, http):
     chat = await oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=0,
                                              logprobs=True, top_logprobs=2)

@@ -304,6 +304,7 @@ class ResponsesRequest(_Body):
     background: bool | None = None  # refused when true
     include: list[str] | None = None  # OpenAI's includables: "message.output_text.logprobs" adds something
     top_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    cache_salt: Annotated[str, Field(min_length=1)] | None = None  # vLLM's, as on chat
 
 
 FIELD_NAMES: frozenset[str] = frozenset(
