@@ -25,7 +25,7 @@ from .loader import ModelSource, iter_weights
 from .model_runner import LaunchedStep, ModelRunner
 from .models.llama import LlamaForCausalLM
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
-from .sampler import mix_seed
+from .sampler import mix_seed, token_bitmask
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Request, Sequence, TokenLogprob
@@ -187,6 +187,8 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         request = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, mix_seed(seed, 0))
         request.bad_words = self.prompts.bad_words_token_ids(params)
+        if params.allowed_token_ids is not None:
+            request.allowed_mask = token_bitmask(params.allowed_token_ids, self.model_config.vocab_size)
         request.cache_salt = cache_salt
         if params.structured_outputs is not None:
             try:

@@ -15,7 +15,6 @@ logits), as OpenAI reports them.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -171,24 +170,22 @@ def _allowed_masks(rows, vocab_size, device):
     """(rows, bitmasks) of the rows that may draw only some tokens, or None when no row is limited: a
     grammar's next tokens (structured outputs), `allowed_token_ids`, or both (the tokens in each)."""
     limited = [i for i, row in enumerate(rows)  # NOTE: every step: cheap
-               if row.grammar is not None or row.params.allowed_token_ids is not None]
+               if row.grammar is not None or row.allowed_mask is not None]
     if not limited:
         return None
-    grammars = [i for i in limited if rows[i].grammar is not None]
+    grammars = [k for k, i in enumerate(limited) if rows[i].grammar is not None]  # positions in `limited`
     masks = torch.full((len(limited), (vocab_size + 31) // 32), -1, dtype=torch.int32)  # every token
     if grammars:
-        masks[[limited.index(i) for i in grammars]] = allowed_token_masks([rows[i].grammar for i in grammars],
-                                                                          vocab_size)
+        masks[grammars] = allowed_token_masks([rows[limited[k]].grammar for k in grammars], vocab_size)
     for k, i in enumerate(limited):
-        if rows[i].params.allowed_token_ids is not None:
-            masks[k] &= token_bitmask(tuple(rows[i].params.allowed_token_ids), vocab_size)
+        if rows[i].allowed_mask is not None:
+            masks[k] &= rows[i].allowed_mask
     return to_device(torch.tensor(limited, dtype=torch.int64), device), to_device(masks, device)
 
 
-@functools.lru_cache(maxsize=64)
-def token_bitmask(token_ids: tuple[int, ...], vocab_size: int) -> torch.Tensor:
+def token_bitmask(token_ids: list[int], vocab_size: int) -> torch.Tensor:
     """[ceil(vocab / 32)] int32 with bit j of word i set for each token 32 i + j given (llguidance's layout,
-    as `allowed_token_masks`); made once per set of tokens (a request's, every step it samples)."""
+    as `allowed_token_masks`): a request's `allowed_token_ids`, made once when it is admitted."""
     bits = torch.zeros((vocab_size + 31) // 32 * 32, dtype=torch.int64)
     bits[list(token_ids)] = 1
     words = (bits.view(-1, 32) << torch.arange(32)).sum(dim=1)  # [words] in [0, 2^32)

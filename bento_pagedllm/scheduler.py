@@ -58,6 +58,7 @@ class SamplingRow(NamedTuple):
     # sampling time it stands where the row's tokens end
     grammar: object = None
     bad_words: tuple[tuple[int, ...], ...] = ()  # Request.bad_words (with the output tokens, which they follow)
+    allowed_mask: object = None  # Request.allowed_mask: a torch.Tensor, or None
 
 
 class PromptScoreRows(NamedTuple):
@@ -328,4 +329,5 @@ def _sampling_row(seq: Sequence, logits_index: int) -> SamplingRow:
         output_token_ids=tuple(seq.output_token_ids) if penalties or bad_words else (),
         grammar=seq.grammar,
         bad_words=bad_words,
+        allowed_mask=seq.request.allowed_mask,
     )

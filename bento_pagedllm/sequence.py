@@ -184,6 +184,8 @@ class Request:
         self.prompt_positions_scored = 0
         # `params.bad_words` as token sequences (the engine tokenizes them when it admits the request)
         self.bad_words: tuple[tuple[int, ...], ...] = ()
+        # `params.allowed_token_ids` as the sampler's bitmask ([ceil(vocab / 32)] int32), made at admission
+        self.allowed_mask = None
         # the prefix cache's name of the empty prefix, for this request's blocks (LLMEngine.add_request)
         self.cache_salt: str | None = None
 

@@ -34,6 +34,20 @@ def test_allowed_token_ids_are_the_only_tokens_drawn(llm, temperature):
                 assert out.outputs[0].token_ids[0] == before.outputs[0].token_ids[0]
 
 
+def test_allowed_token_ids_under_a_grammar_leave_the_tokens_in_both(llm):
+    """A grammar's mask and the allowed set together: of the choices, only the one spelt with allowed tokens."""
+    from bento_pagedllm import StructuredOutputs
+
+    london = llm.tokenizer("London", add_special_tokens=False).input_ids
+    choice = StructuredOutputs(choice=("Paris", "London"))
+    alone = llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=choice))
+    assert "Paris" in [out.outputs[0].text for out in alone]  # the grammar alone picks either
+    params = SamplingParams(temperature=0.0, max_tokens=8, structured_outputs=choice,
+                            allowed_token_ids=london + [llm.tokenizer.eos_token_id])
+    for out in llm.generate(PROMPTS, params):
+        assert out.outputs[0].text == "London"
+
+
 def bad_words_written(tokenizer, tokens: list[int]) -> tuple[list[str], tuple[tuple[int, ...], ...]]:
     """A word of two or three tokens the output wrote (its text tokenizes back to them) and a one-token one,
     with the token sequences they ban."""
@@ -66,7 +80,7 @@ def test_bad_word_ends_follow_the_output():
 
 def test_token_bitmask_sets_exactly_the_given_tokens():
     vocab = 100
-    mask = token_bitmask((0, 31, 32, 63, 99), vocab)
+    mask = token_bitmask([0, 31, 32, 63, 99], vocab)
     assert mask.shape == (4,)
     bits = [(int(mask[t // 32]) >> (t % 32)) & 1 for t in range(vocab)]
     assert [t for t in range(vocab) if bits[t]] == [0, 31, 32, 63, 99]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bento_pagedllm.sampler import SamplingBatch, mix_seed, sample
+from bento_pagedllm.sampler import SamplingBatch, mix_seed, sample, token_bitmask
 from bento_pagedllm.sampling_params import SamplingParams
 from bento_pagedllm.scheduler import SamplingRow
 
@@ -29,7 +29,8 @@ def _rows() -> tuple[SamplingRow, ...]:
     ]
     bad_words = {7: ((8, 21),)}
     return tuple(SamplingRow(seq_id=i, logits_index=i, params=p, rng_seed=mix_seed(i, 0), output_position=i % 3,
-                             prompt_token_ids=(5, 6, 7), output_token_ids=(8, 9, 8), bad_words=bad_words.get(i, ()))
+                             prompt_token_ids=(5, 6, 7), output_token_ids=(8, 9, 8), bad_words=bad_words.get(i, ()),
+                             allowed_mask=token_bitmask(p.allowed_token_ids, VOCAB) if p.allowed_token_ids else None)
                  for i, p in enumerate(params))
 
 
