@@ -5,12 +5,13 @@ A block holds `block_size` consecutive token positions of one sequence; position
 slot `block_table[p // block_size] * block_size + p % block_size` of the cache.
 
 Prefix caching: a full block is named by a hash of its tokens chained with the previous block's hash, so
-equal names mean equal prefixes. NOTE: SHA-256 (as vLLM's), not Python's `hash`: a name is shared by everyone
-whose prompt has it, so a crafted prompt must not be able to collide with another user's and read its KV
-(~0.9 us a block on this project's CPU, against 0.17: ~10 ms of host time over a 500-request run). Named blocks stay in the cache after their last user frees them; a new
-sequence takes the blocks of its longest named prefix instead of computing them again. Free blocks are
-kept in least-recently-freed order and a named one loses its name only when it is taken for new work
-(eviction happens only when memory is needed).
+equal names mean equal prefixes. NOTE: SHA-256 (as vLLM's), not Python's `hash`: a name is shared by
+everyone whose prompt has it, so a crafted prompt must not be able to collide with another user's and read
+its KV (~0.9 us a block on this project's CPU, against 0.17: ~10 ms of host time over a 500-request run).
+Named blocks stay in the cache after their last user frees them; a new sequence takes the blocks of its
+longest named prefix instead of computing them again. Free blocks are kept in least-recently-freed order
+and a named one loses its name only when it is taken for new work (eviction happens only when memory is
+needed).
 NOTE: "free" counts every block with no user, named or not: all of them can be taken at any time.
 """
 

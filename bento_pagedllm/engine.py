@@ -25,12 +25,12 @@ from .loader import ModelSource, iter_weights
 from .model_runner import LaunchedStep, ModelRunner
 from .models.llama import LlamaForCausalLM
 from .outputs import CompletionOutput, RequestMetrics, RequestOutput
-from .sampler import mix_seed, token_bitmask
+from .sampler import mix_seed
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Request, Sequence, TokenLogprob
 from .prompts import PromptProcessor, PromptType, RequestError
-from .structured_output import GrammarMatchers, advance
+from .structured_output import GrammarMatchers, advance, token_bitmask
 from .tokenizer import IncrementalDetokenizer
 
 logger = logging.getLogger(__name__)
@@ -185,11 +185,10 @@ class LLMEngine:
         ids = prompt_token_ids if prompt_token_ids is not None else self.tokenize(prompt)
         self.validate_prompt(ids, params)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        request = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, mix_seed(seed, 0))
-        request.bad_words = self.prompts.bad_words_token_ids(params)
-        if params.allowed_token_ids is not None:
-            request.allowed_mask = token_bitmask(params.allowed_token_ids, self.model_config.vocab_size)
-        request.cache_salt = cache_salt
+        allowed = params.allowed_token_ids
+        request = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, mix_seed(seed, 0),
+                          bad_words=self.prompts.bad_words_token_ids(params), cache_salt=cache_salt,
+                          allowed_mask=None if allowed is None else token_bitmask(allowed, self.model_config.vocab_size))
         if params.structured_outputs is not None:
             try:
                 request.seqs[0].grammar = self.grammars.matcher(params.structured_outputs)

@@ -21,7 +21,7 @@ import torch
 
 from .scheduler import SamplingRow
 from .sequence import TokenLogprob
-from .structured_output import allowed_token_masks, mask_disallowed
+from .structured_output import fill_allowed_token_masks, mask_disallowed
 from .transfer import to_device
 
 _MASK64 = (1 << 64) - 1
@@ -173,23 +173,13 @@ def _allowed_masks(rows, vocab_size, device):
                if row.grammar is not None or row.allowed_mask is not None]
     if not limited:
         return None
-    grammars = [k for k, i in enumerate(limited) if rows[i].grammar is not None]  # positions in `limited`
     masks = torch.full((len(limited), (vocab_size + 31) // 32), -1, dtype=torch.int32)  # every token
-    if grammars:
-        masks[grammars] = allowed_token_masks([rows[limited[k]].grammar for k in grammars], vocab_size)
+    fill_allowed_token_masks(masks, [(rows[i].grammar, k) for k, i in enumerate(limited)
+                                     if rows[i].grammar is not None])
     for k, i in enumerate(limited):
         if rows[i].allowed_mask is not None:
             masks[k] &= rows[i].allowed_mask
     return to_device(torch.tensor(limited, dtype=torch.int64), device), to_device(masks, device)
-
-
-def token_bitmask(token_ids: list[int], vocab_size: int) -> torch.Tensor:
-    """[ceil(vocab / 32)] int32 with bit j of word i set for each token 32 i + j given (llguidance's layout,
-    as `allowed_token_masks`): a request's `allowed_token_ids`, made once when it is admitted."""
-    bits = torch.zeros((vocab_size + 31) // 32 * 32, dtype=torch.int64)
-    bits[list(token_ids)] = 1
-    words = (bits.view(-1, 32) << torch.arange(32)).sum(dim=1)  # [words] in [0, 2^32)
-    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
 
 
 @dataclass(frozen=True)

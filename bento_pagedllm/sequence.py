@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import torch
     from llguidance import LLMatcher
 
 
@@ -165,7 +166,14 @@ class Request:
         prompt_token_ids: list[int],
         params: SamplingParams,
         rng_seed: int,
+        *,
+        bad_words: tuple[tuple[int, ...], ...] = (),
+        allowed_mask: torch.Tensor | None = None,
+        cache_salt: str | None = None,
     ) -> None:
+        """`bad_words`: `params.bad_words` as token sequences, `allowed_mask`: `params.allowed_token_ids` as
+        the sampler's bitmask ([ceil(vocab / 32)] int32), both made by the engine, which knows the tokenizer
+        and the vocabulary; `cache_salt`: names the empty prefix of the request's prefix-cache blocks."""
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -182,12 +190,9 @@ class Request:
         # positions whose logits score the next prompt token that a planned step computes: 0 .. this - 1
         # NOTE: only grows (a prompt recomputed after preemption is not scored twice)
         self.prompt_positions_scored = 0
-        # `params.bad_words` as token sequences (the engine tokenizes them when it admits the request)
-        self.bad_words: tuple[tuple[int, ...], ...] = ()
-        # `params.allowed_token_ids` as the sampler's bitmask ([ceil(vocab / 32)] int32), made at admission
-        self.allowed_mask = None
-        # the prefix cache's name of the empty prefix, for this request's blocks (LLMEngine.add_request)
-        self.cache_salt: str | None = None
+        self.bad_words = bad_words
+        self.allowed_mask = allowed_mask
+        self.cache_salt = cache_salt
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -124,18 +124,25 @@ def advance(matcher: "LLMatcher", token_id: int) -> bool:
     return matcher.is_stopped()
 
 
-def allowed_token_masks(matchers: list["LLMatcher"], vocab_size: int) -> torch.Tensor:
-    """[len(matchers), ceil(vocab / 32)] int32: bit j of word i of a row is set when token 32 i + j may
-    come next (llguidance's layout). Several rows are filled in parallel, by llguidance's threads (a row
-    takes ~0.05-0.2 ms; without the GIL)."""
+def fill_allowed_token_masks(masks: torch.Tensor, matchers: list[tuple["LLMatcher", int]]) -> None:
+    """Each (matcher, row): row `row` of `masks` ([rows, ceil(vocab / 32)] int32) becomes the matcher's next
+    tokens: bit j of word i set when token 32 i + j may come next (llguidance's layout). Several rows are
+    filled in parallel, by llguidance's threads (a row takes ~0.05-0.2 ms; without the GIL)."""
     from llguidance.torch import fill_next_token_bitmask, fill_next_token_bitmask_par
 
-    masks = torch.empty(len(matchers), (vocab_size + 31) // 32, dtype=torch.int32)
     if len(matchers) == 1:
-        fill_next_token_bitmask(matchers[0], masks, 0)
-    else:
-        fill_next_token_bitmask_par(_mask_threads(), [(m, row) for row, m in enumerate(matchers)], masks)
-    return masks
+        fill_next_token_bitmask(matchers[0][0], masks, matchers[0][1])
+    elif matchers:
+        fill_next_token_bitmask_par(_mask_threads(), matchers, masks)
+
+
+def token_bitmask(token_ids: list[int], vocab_size: int) -> torch.Tensor:
+    """[ceil(vocab / 32)] int32 with the bits of the given tokens set, in the masks' layout (above): a
+    request's `allowed_token_ids`, made once when it is admitted."""
+    bits = torch.zeros((vocab_size + 31) // 32 * 32, dtype=torch.int64)
+    bits[list(token_ids)] = 1
+    words = (bits.view(-1, 32) << torch.arange(32)).sum(dim=1)  # [words] in [0, 2^32)
+    return torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
 
 
 @functools.lru_cache(maxsize=1)

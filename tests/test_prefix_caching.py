@@ -14,9 +14,7 @@ from bento_pagedllm.sequence import Request, TokenLogprob
 
 
 def seq_of(tokens, cache_salt=None):
-    request = Request("r", None, list(tokens), Params(), rng_seed=0)
-    request.cache_salt = cache_salt
-    return request.seqs[0]
+    return Request("r", None, list(tokens), Params(), rng_seed=0, cache_salt=cache_salt).seqs[0]
 
 
 def compute(bm, seq):

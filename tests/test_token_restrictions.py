@@ -6,7 +6,8 @@ scheduling: a bad word's ban follows the tokens just drawn, so its steps are rea
 import pytest
 
 from bento_pagedllm import SamplingParams
-from bento_pagedllm.sampler import _bad_word_ends, token_bitmask
+from bento_pagedllm.sampler import _bad_word_ends
+from bento_pagedllm.structured_output import token_bitmask
 from bento_pagedllm.tokenizer import bad_words_token_ids
 
 PROMPTS = ["The capital of France is", "Once upon a time", "1, 2, 3,"]

@@ -2,9 +2,10 @@
 
 Field names and ranges follow OpenAI's API reference; `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
 `stop_token_ids`, `min_tokens`, `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens`,
-`return_tokens_as_token_ids`, `prompt_logprobs`, `allowed_token_ids` and `bad_words` are vLLM's extensions. Unknown fields are ignored. Types are strict
-(`"temperature": "1"` is an error, as in OpenAI's API), except that an integer is a valid float and, as JSON
-Schema has it, a float without a fractional part (`2.0`) a valid integer. The API's OpenAPI document is generated
+`return_tokens_as_token_ids`, `prompt_logprobs`, `allowed_token_ids`, `bad_words`, `cache_salt`,
+`add_special_tokens` and `use_beam_search` (refused when true) are vLLM's extensions. Unknown fields are
+ignored. Types are strict (`"temperature": "1"` is an error, as in OpenAI's API), except that an integer is
+a valid float and, as JSON Schema has it, a float without a fractional part (`2.0`) a valid integer. The API's OpenAPI document is generated
 from these models (schema.py), and the tests fuzz the server against it.
 """
 

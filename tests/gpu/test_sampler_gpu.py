@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bento_pagedllm.sampler import SamplingBatch, mix_seed, sample, token_bitmask
+from bento_pagedllm.sampler import SamplingBatch, mix_seed, sample
 from bento_pagedllm.sampling_params import SamplingParams
 from bento_pagedllm.scheduler import SamplingRow
+from bento_pagedllm.structured_output import token_bitmask
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: run on the GPU machine")
 
