@@ -267,17 +267,18 @@ class AsyncLLMEngine:
         request_id: str | None = None,
         prompt: PromptType | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> RequestStream:
         """Admit a request and return its stream; everything that can refuse it raises here, synchronously
         (so an HTTP route can still answer with a status code): `RequestError` (invalid),
         `EngineOverloadedError`, `EngineShuttingDownError`. Must be called on a running event loop.
-        `cache_salt`: as `LLMEngine.add_request`'s."""
+        `cache_salt`, `priority`: as `LLMEngine.add_request`'s."""
         if self._draining:
             raise EngineShuttingDownError("the engine is shutting down")
         if self.dead_error is not None:
             raise RuntimeError("the engine loop has failed")
         self.start()
-        self.prompts.validate_prompt(prompt_token_ids, params)
+        self.prompts.validate_prompt(prompt_token_ids, params, priority)
         limit = self.limits.max_waiting_requests
         if limit is not None and len(self._waiting_ids) >= limit:
             self.observer.observe_rejection()
@@ -295,7 +296,7 @@ class AsyncLLMEngine:
         self._waiting_ids.add(request_id)
         self._streams[request_id] = stream
         self._core.send(AddRequest(request_id, prompt, prompt_token_ids, params,
-                                   None if timeout is None else time.monotonic() + timeout, cache_salt))
+                                   None if timeout is None else time.monotonic() + timeout, cache_salt, priority))
         return stream
 
     async def generate(
@@ -303,6 +304,7 @@ class AsyncLLMEngine:
         prompt: PromptType,
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs, one per step in which it advanced; the last has `finished`.
 
@@ -315,7 +317,7 @@ class AsyncLLMEngine:
             ids = await asyncio.to_thread(self.prompts.tokenize, prompt)  # keep the event loop free
         else:
             ids = self.prompts.tokenize(prompt)
-        async with aclosing(self.submit(ids, params, request_id, prompt=prompt)) as stream:
+        async with aclosing(self.submit(ids, params, request_id, prompt=prompt, priority=priority)) as stream:
             async for out in stream:
                 yield out
 

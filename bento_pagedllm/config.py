@@ -8,6 +8,7 @@ config) into the frozen configs that each room of the engine reads: `ModelConfig
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,6 +178,13 @@ class CacheConfig:
             raise ValueError("num_blocks must be positive")
 
 
+class SchedulingPolicy(enum.Enum):
+    """vLLM's `scheduling_policy`: which requests run first, and which give way when memory is short."""
+
+    FCFS = "fcfs"  # arrival order; every request's priority is 0
+    PRIORITY = "priority"  # a request's `priority` first (lower runs first), then arrival
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Continuous batching limits: tokens computed per step, sequences running at once, context length."""
@@ -184,6 +192,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     max_model_len: int = 2048
+    policy: SchedulingPolicy = SchedulingPolicy.FCFS
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens <= 0 or self.max_num_seqs <= 0 or self.max_model_len <= 0:
@@ -255,6 +264,9 @@ class EngineArgs:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     seed: int = 0
+    # vLLM's: "fcfs" (arrival order) or "priority" (each request's `priority` first, lower first; the
+    # lowest-priority running sequence is the one preempted when memory runs short)
+    scheduling_policy: str = "fcfs"
     enforce_eager: bool = False  # on CUDA: no decode graphs (debugging, or to save capture time)
     max_graph_batch: int = 256
     # On CUDA: mixed steps (prefill chunks with decodes) of up to this many tokens, and up to
@@ -311,6 +323,11 @@ class EngineArgs:
                 f"max_model_len {max_model_len} exceeds the model's {model_config.max_position_embeddings}"
             )
         batched = self.max_num_batched_tokens or max(2048, min(max_model_len, 8192))
+        try:
+            policy = SchedulingPolicy(self.scheduling_policy)
+        except ValueError:
+            raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}; choose one of "
+                             f"{[p.value for p in SchedulingPolicy]}") from None
         self.validate_tensor_parallel(model_config, device)
         graphs = device.type == "cuda" and not self.enforce_eager
         return EngineConfigs(
@@ -326,6 +343,7 @@ class EngineArgs:
                 max_num_batched_tokens=batched,
                 max_num_seqs=self.max_num_seqs,
                 max_model_len=max_model_len,
+                policy=policy,
             ),
             device=DeviceConfig(device=device, dtype=self.resolve_dtype(device), seed=self.seed),
             model_path=model_path,

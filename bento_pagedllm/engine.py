@@ -174,20 +174,22 @@ class LLMEngine:
         params: SamplingParams | None = None,
         prompt_token_ids: list[int] | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> Request:
         """Admit a request (`RequestError` where it cannot be served). `cache_salt` (vLLM's): its prompt's
         blocks are found in, and go into, the prefix cache only for requests with the same salt: tenants that
-        do not share a salt cannot learn from its timing which prompts the others sent."""
+        do not share a salt cannot learn from its timing which prompts the others sent. `priority` (vLLM's):
+        under the priority scheduling policy, lower values run first and are preempted last; else 0."""
         params = params or SamplingParams()
         request_id = request_id or f"req-{next(self._request_counter)}"
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in use")
         ids = prompt_token_ids if prompt_token_ids is not None else self.tokenize(prompt)
-        self.validate_prompt(ids, params)
+        self.validate_prompt(ids, params, priority)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         allowed = params.allowed_token_ids
         request = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, mix_seed(seed, 0),
-                          bad_words=self.prompts.bad_words_token_ids(params), cache_salt=cache_salt,
+                          bad_words=self.prompts.bad_words_token_ids(params), cache_salt=cache_salt, priority=priority,
                           allowed_mask=None if allowed is None else token_bitmask(allowed, self.model_config.vocab_size))
         if params.structured_outputs is not None:
             try:
@@ -198,8 +200,8 @@ class LLMEngine:
         self.scheduler.add_request(request)
         return request
 
-    def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
-        self.prompts.validate_prompt(ids, params)
+    def validate_prompt(self, ids: list[int], params: SamplingParams, priority: int = 0) -> None:
+        self.prompts.validate_prompt(ids, params, priority)
 
     def _child_seed(self, request: Request, index: int) -> int:
         seed = request.params.seed if request.params.seed is not None else request.rng_seed
@@ -446,13 +448,19 @@ class LLM:
         self,
         prompts: PromptType | SequenceABC[PromptType],
         params: SamplingParams | SequenceABC[SamplingParams] | None = None,
+        priority: SequenceABC[int] | None = None,
     ) -> list[RequestOutput]:
+        """`priority`: one per prompt (vLLM's; needs the priority scheduling policy)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         if params is None:
             params = self.default_sampling_params()
         params_list = list(params) if isinstance(params, SequenceABC) else [params] * len(prompts)
-        ids = [self.engine.add_request(None, p, sp).request_id for p, sp in zip(prompts, params_list)]
+        priorities = list(priority) if priority is not None else [0] * len(prompts)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"one priority per prompt: {len(priorities)} for {len(prompts)} prompts")
+        ids = [self.engine.add_request(None, p, sp, priority=rank).request_id
+               for p, sp, rank in zip(prompts, params_list, priorities)]
         return self._run(ids)
 
     def default_sampling_params(self) -> SamplingParams:

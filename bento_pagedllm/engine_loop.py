@@ -47,6 +47,7 @@ class AddRequest:
     params: SamplingParams
     deadline: float | None  # time.monotonic() past which the request is aborted (one clock for all processes)
     cache_salt: str | None = None  # LLMEngine.add_request's
+    priority: int = 0  # LLMEngine.add_request's
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,8 @@ class EngineLoop:
     def _add(self, command: AddRequest) -> None:
         try:
             self.engine.add_request(command.request_id, command.prompt, command.params,
-                                    prompt_token_ids=command.prompt_token_ids, cache_salt=command.cache_salt)
+                                    prompt_token_ids=command.prompt_token_ids, cache_salt=command.cache_salt,
+                                    priority=command.priority)
         except Exception as error:  # noqa: BLE001 - e.g. a duplicate id: that request fails alone
             self._deliveries.append((command.request_id, error))
             return

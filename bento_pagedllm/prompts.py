@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .config import EngineArgs, EngineConfigs
+from .config import EngineArgs, EngineConfigs, SchedulingPolicy
 from .loader import ModelSource, resolve_model, sampling_defaults
 from .sampling_params import SamplingParams
 from .tokenizer import apply_chat_template, bad_words_token_ids, encode_prompt, load_tokenizer
@@ -47,8 +47,15 @@ class PromptProcessor:
         return apply_chat_template(self.tokenizer, messages, add_generation_prompt, tools, continue_final_message,
                                    template_kwargs)
 
-    def validate_prompt(self, ids: list[int], params: SamplingParams) -> None:
+    def validate_priority(self, priority: int) -> None:
+        """NOTE: vLLM's rule: a priority that the scheduler would ignore is an error, not a silent no-op."""
+        if priority and self.configs.scheduler.policy is not SchedulingPolicy.PRIORITY:
+            raise RequestError("a nonzero priority needs the priority scheduling policy (scheduling_policy: "
+                               "priority)")
+
+    def validate_prompt(self, ids: list[int], params: SamplingParams, priority: int = 0) -> None:
         """Raise `RequestError` for a request the engine could not serve."""
+        self.validate_priority(priority)
         max_len = self.configs.scheduler.max_model_len
         if not ids:
             raise RequestError("the prompt is empty")

@@ -91,8 +91,10 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager, rng_seed_for_child) -> None:
         self.config = config
         self.block_manager = block_manager
+        # NOTE: both kept sorted by Sequence.sort_key (priority, then arrival): the waiting queue is admitted
+        # from its front, and the running list's last sequence is the one preempted
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # NOTE: kept sorted by arrival (Sequence.sort_key)
+        self.running: list[Sequence] = []
         self._rng_seed_for_child = rng_seed_for_child
         self.seqs_by_id: dict[int, Sequence] = {}  # every unfinished sequence
         self.num_preemptions_total = 0
@@ -101,7 +103,15 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         seq = request.seqs[0]
         self.seqs_by_id[seq.seq_id] = seq
-        self.waiting.append(seq)
+        self._enqueue(seq)
+
+    def _enqueue(self, seq: Sequence) -> None:
+        """Into the waiting queue at its sort key's place: at the back unless a priority puts it earlier
+        (or it is a preempted sequence, older than the arrivals behind it)."""
+        if not self.waiting or self.waiting[-1].sort_key <= seq.sort_key:
+            self.waiting.append(seq)
+        else:
+            self.waiting.insert(bisect.bisect_left([s.sort_key for s in self.waiting], seq.sort_key), seq)
 
     def finish_sequence(self, seq: Sequence, reason: str, stop_reason: str | int | None = None) -> None:
         """NOTE: every way a sequence ends (finished, stopped, aborted, failed) comes through here."""
@@ -156,8 +166,8 @@ class Scheduler:
             budget -= num_new
             index += 1
 
-        # NOTE: no admissions in a step that had to preempt: memory is short, and FCFS says the
-        # preempted (older) sequences go first.
+        # NOTE: no admissions in a step that had to preempt: memory is short, and the preempted sequences
+        # (older, or of a higher priority, than any waiting behind them) go first.
         while self.waiting and budget > 0 and num_preempted == 0 and self._has_seat_for(self.waiting[0]):
             seq = self.waiting[0]
             if seq.num_pending:
@@ -198,7 +208,8 @@ class Scheduler:
         return len(self.running) + seats <= self.config.max_num_seqs
 
     def _allocate_or_preempt(self, seq: Sequence, num_new: int) -> tuple[list | None, int]:
-        """Allocate for `seq`, preempting the newest running sequences until it fits."""
+        """Allocate for `seq`, preempting the last running sequences (the newest of the lowest priority)
+        until it fits."""
         num_preempted = 0
         while True:
             seq_copies = self.block_manager.allocate_slots(seq, num_new)
@@ -211,16 +222,15 @@ class Scheduler:
                 return None, num_preempted
 
     def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption: drop the KV blocks, keep the tokens, requeue at the front (FCFS)."""
+        """Recompute preemption: drop the KV blocks, keep the tokens, requeue by sort key (ahead of the
+        newer arrivals of its priority)."""
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions_total += 1
-        # NOTE: waiting stays in arrival order, so a preempted sequence goes before newer arrivals.
-        position = bisect.bisect_left([s.sort_key for s in self.waiting], seq.sort_key)
-        self.waiting.insert(position, seq)
+        self._enqueue(seq)
 
     def _build_plan(self, scheduled, copies, num_preempted) -> StepPlan:
         seqs: list[ScheduledSequence] = []

@@ -107,9 +107,10 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     @property
-    def sort_key(self) -> tuple[int, int]:
-        """Arrival order (FCFS): earlier requests first, then choice index."""
-        return (self.request.arrival_index, self.index)
+    def sort_key(self) -> tuple[int, int, int]:
+        """The order sequences run in: the request's priority (lower first; always 0 under FCFS), then
+        arrival (earlier first), then choice index."""
+        return (self.request.priority, self.request.arrival_index, self.index)
 
     def append_token(self, token: TokenLogprob) -> None:
         """A sampled token is known: it takes the place of the oldest pending one, if any."""
@@ -170,10 +171,12 @@ class Request:
         bad_words: tuple[tuple[int, ...], ...] = (),
         allowed_mask: torch.Tensor | None = None,
         cache_salt: str | None = None,
+        priority: int = 0,
     ) -> None:
         """`bad_words`: `params.bad_words` as token sequences, `allowed_mask`: `params.allowed_token_ids` as
         the sampler's bitmask ([ceil(vocab / 32)] int32), both made by the engine, which knows the tokenizer
-        and the vocabulary; `cache_salt`: names the empty prefix of the request's prefix-cache blocks."""
+        and the vocabulary; `cache_salt`: names the empty prefix of the request's prefix-cache blocks;
+        `priority`: vLLM's, lower runs first (under the priority scheduling policy; 0 otherwise)."""
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = list(prompt_token_ids)
@@ -193,6 +196,7 @@ class Request:
         self.bad_words = bad_words
         self.allowed_mask = allowed_mask
         self.cache_salt = cache_salt
+        self.priority = priority
 
     @property
     def needs_prompt_logprobs(self) -> bool:

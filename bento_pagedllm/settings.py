@@ -74,6 +74,7 @@ _ENGINE_FIELDS = {
     "max_num_batched_tokens": int, "seed": int, "enable_prefix_caching": _parse_bool,
     "load_format": str, "max_graph_batch": int, "async_scheduling": _parse_bool,
     "tensor_parallel_size": int, "quiet_gc": _parse_bool,
+    "scheduling_policy": str,
 }
 
 

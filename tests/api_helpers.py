@@ -25,11 +25,13 @@ MAX_LEN = 1024
 
 
 def tiny_engine(model_dir: str, *, max_model_len: int = MAX_LEN, max_num_seqs: int = 64,
-                limits: RequestLimits = RequestLimits(), observer=None) -> AsyncLLMEngine:
+                limits: RequestLimits = RequestLimits(), observer=None,
+                scheduling_policy: str = "fcfs") -> AsyncLLMEngine:
     """An async engine over the tiny random Llama on the CPU (512 KV blocks of 16 tokens)."""
     return AsyncLLMEngine(EngineArgs(model=model_dir, dtype="float32", device="cpu", num_kv_blocks=512,
                                      max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                                     max_num_batched_tokens=1024), limits=limits, observer=observer)
+                                     max_num_batched_tokens=1024, scheduling_policy=scheduling_policy),
+                          limits=limits, observer=observer)
 
 
 def mount(get_engine, **kwargs) -> Starlette:

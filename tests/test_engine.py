@@ -327,3 +327,32 @@ def test_generate_without_params_takes_the_models_recommended_sampling(tiny_llam
     (greedy,) = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     assert plain.outputs[0].token_ids == greedy.outputs[0].token_ids[:len(plain.outputs[0].token_ids)]
     assert len(plain.outputs[0].token_ids) <= 4
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async-scheduling"])
+def test_priority_policy_runs_lower_values_first(tiny_llama3_dir, async_scheduling):
+    """vLLM's scheduling_policy="priority": with one seat, the requests run one at a time in priority order
+    (then arrival), and each gives what it gives alone (greedy)."""
+    llm = LLM(tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=64, max_num_seqs=1,
+              scheduling_policy="priority", async_scheduling=async_scheduling)
+    params = SamplingParams(max_tokens=3, ignore_eos=True, **GREEDY)
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    outs = llm.generate(prompts, params, priority=[2, 0, 1, 0])
+    order = sorted(range(4), key=lambda i: outs[i].metrics.first_scheduled_time)
+    assert order == [1, 3, 2, 0]
+    # each ran alone: it finished before the next was scheduled
+    for before, after in zip(order, order[1:]):
+        assert outs[before].metrics.finished_time <= outs[after].metrics.first_scheduled_time
+    alone = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in alone]
+    assert all_free(llm)
+
+
+def test_a_priority_needs_the_priority_policy(llm, tiny_llama3_dir):
+    with pytest.raises(RequestError, match="priority scheduling policy"):
+        llm.engine.add_request(None, [1, 2, 3], SamplingParams(max_tokens=2), priority=1)
+    with pytest.raises(ValueError, match="priority"):
+        llm.generate([[1, 2]], SamplingParams(max_tokens=2), priority=[0, 1])  # one per prompt
+    assert all_free(llm)
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        LLM(tiny_llama3_dir, device="cpu", scheduling_policy="lifo")

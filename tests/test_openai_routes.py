@@ -449,6 +449,43 @@ async def test_cache_salt_shares_the_prefix_cache_only_within_a_salt(http):
     assert usages[0]["prompt_tokens_details"]["cached_tokens"] == 0 < usages[1]["prompt_tokens_details"]["cached_tokens"]
 
 
+async def test_priority_orders_the_queue_under_the_priority_policy(tiny_llama3_dir):
+    """vLLM's `priority` (the server's scheduling_policy "priority"): with the one seat taken, a request of a
+    lower value sent after one of a higher value runs first; chat, completions and responses take the field."""
+    engine = tiny_engine(tiny_llama3_dir, max_num_seqs=1, scheduling_policy="priority")
+    scheduler = engine.engine.scheduler
+    finished: list[str] = []
+
+    async def until(condition) -> None:
+        while not condition():
+            await asyncio.sleep(0.001)
+
+    try:
+        async with http_client(mount(lambda: engine)) as http:
+            async def complete(name: str, priority: int, max_tokens: int) -> None:
+                body = {"model": MODEL, "prompt": name, "max_tokens": max_tokens, "temperature": 0,
+                        "ignore_eos": True, "priority": priority}
+                assert (await http.post("/v1/completions", json=body)).status_code == 200
+                finished.append(name)
+
+            holder = asyncio.create_task(complete("holder", 0, MAX_LEN - 16))
+            await until(lambda: scheduler.num_running == 1)
+            low = asyncio.create_task(complete("low", 5, 4))
+            await until(lambda: scheduler.num_waiting == 1)
+            high = asyncio.create_task(complete("high", -5, 4))
+            await until(lambda: scheduler.num_waiting == 2)
+            assert not finished, "the holder ended before both were queued: the test proves nothing"
+            await asyncio.gather(holder, low, high)
+            assert finished == ["holder", "high", "low"]
+            chat = {"model": MODEL, "messages": HELLO, "max_tokens": 2, "priority": 3}
+            assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
+            responses = {"model": MODEL, "input": "Hi", "max_output_tokens": 2, "priority": -1}
+            assert (await http.post("/v1/responses", json=responses)).status_code == 200
+        assert await wait_idle(engine)
+    finally:
+        engine.shutdown()
+
+
 PERSON_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
                                                 "age": {"type": "integer", "minimum": 0, "maximum": 150}},
                  "required": ["name", "age"], "additionalProperties": False}
@@ -701,6 +738,9 @@ BAD_REQUESTS = [
     ("/completions", {"model": MODEL, "prompt": "x", "suffix": "y"}, 400, "suffix", None),
     ("/completions", {"model": MODEL, "prompt": "x", "use_beam_search": True}, 400, "use_beam_search", None),
     ("/completions", {"model": MODEL, "prompt": "x", "cache_salt": ""}, 400, "cache_salt", "invalid_value"),
+    ("/completions", {"model": MODEL, "prompt": "x", "priority": 1}, 400, "priority", None),  # FCFS: 0 only
+    ("/chat/completions", {**CHAT, "priority": -1}, 400, "priority", None),
+    ("/chat/completions", {**CHAT, "priority": "high"}, 400, "priority", "invalid_type"),
     ("/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),  # echo only
     ("/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, 400, "max_tokens", "invalid_value"),
     ("/completions", {"model": MODEL, "prompt": "x", "prompt_logprobs": 21}, 400, "prompt_logprobs", "invalid_value"),

@@ -146,3 +146,49 @@ def test_a_decode_step_lists_its_sequences_longest_context_first():
     add(scheduler, "late", 5)
     plan = run_step(scheduler)  # a prompt joins the decodes: the running order again
     assert [s.seq_id for s in plan.seqs][:3] == [short.seq_id, long.seq_id, middle.seq_id]
+
+
+def add_with_priority(scheduler, name, num_tokens, priority):
+    request = Request(name, None, list(range(num_tokens)), SamplingParams(max_tokens=100), rng_seed=0,
+                      priority=priority)
+    scheduler.add_request(request)
+    return request.seqs[0]
+
+
+def test_priority_orders_admission_then_arrival():
+    # one seat: each step admits the waiting sequence of the lowest priority value, the earliest among equals
+    scheduler, _ = make_scheduler(max_seqs=1, budget=64)
+    seqs = [add_with_priority(scheduler, name, 4, priority)
+            for name, priority in [("a", 5), ("b", 1), ("c", 5), ("d", -2), ("e", 1)]]
+    assert [s.request.request_id for s in scheduler.waiting] == ["d", "b", "e", "a", "c"]
+    admitted = []
+    for _ in seqs:
+        plan = run_step(scheduler)
+        (seq,) = [scheduler.seqs_by_id[s.seq_id] for s in plan.seqs]
+        admitted.append(seq.request.request_id)
+        scheduler.finish_sequence(seq, "stop")
+    assert admitted == ["d", "b", "e", "a", "c"]
+
+
+def test_preemption_takes_the_lowest_priority_not_the_newest():
+    # as test_preemption_takes_the_newest_and_recomputes_it_first, but the older sequence has the higher
+    # priority value: it gives way, and is admitted again before a later arrival of its own value
+    scheduler, bm = make_scheduler(num_blocks=6, block_size=4, budget=64)
+    low = add_with_priority(scheduler, "low", 10, priority=3)
+    high = add_with_priority(scheduler, "high", 10, priority=0)
+    run_step(scheduler)
+    assert [s.request.request_id for s in scheduler.running] == ["high", "low"]
+    for _ in range(2):
+        run_step(scheduler)
+    assert bm.num_free_blocks == 0
+    later = add_with_priority(scheduler, "later", 4, priority=3)
+    plan = run_step(scheduler)  # high writes position 12, a 4th block: low is preempted
+    assert plan.num_preempted == 1
+    assert [s.seq_id for s in plan.seqs] == [high.seq_id]
+    assert low.num_computed_tokens == 0 and list(scheduler.waiting) == [low, later]
+    scheduler.finish_sequence(high, "stop")
+    plan = run_step(scheduler)
+    assert [s.seq_id for s in plan.seqs][:1] == [low.seq_id]  # low first (then later, if it fits)
+    for seq in (low, later):
+        scheduler.finish_sequence(seq, "stop")
+    assert bm.num_free_blocks == 6

@@ -150,6 +150,10 @@ def _base_params(
         raise OpenAIError("use_beam_search is not supported.", param="use_beam_search")
     if body.prompt_logprobs is not None and body.stream:  # NOTE: as vLLM: they would all come in one chunk
         raise OpenAIError("prompt_logprobs is not supported when stream is true.", param="prompt_logprobs")
+    try:
+        engine.prompts.validate_priority(body.priority)
+    except RequestError as error:
+        raise OpenAIError(f"{error}.", param="priority") from None
     vocab = engine.prompts.model_config.vocab_size
     stop_token_ids = body.stop_token_ids or []
     if any(t >= vocab for t in stop_token_ids):
@@ -285,4 +289,4 @@ def _truncated(prompts: list[Prompt], keep: int | None) -> list[Prompt]:
 def _job(id_prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[Prompt],
          params: list[SamplingParams]) -> Job:
     return Job(f"{id_prefix}{uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts, params,
-               body.cache_salt)
+               body.cache_salt, body.priority)

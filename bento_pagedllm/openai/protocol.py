@@ -2,7 +2,7 @@
 
 Field names and ranges follow OpenAI's API reference; `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
 `stop_token_ids`, `min_tokens`, `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens`,
-`return_tokens_as_token_ids`, `prompt_logprobs`, `allowed_token_ids`, `bad_words`, `cache_salt`,
+`return_tokens_as_token_ids`, `prompt_logprobs`, `allowed_token_ids`, `bad_words`, `cache_salt`, `priority`,
 `add_special_tokens` and `use_beam_search` (refused when true) are vLLM's extensions. Unknown fields are
 ignored. Types are strict (`"temperature": "1"` is an error, as in OpenAI's API), except that an integer is
 a valid float and, as JSON Schema has it, a float without a fractional part (`2.0`) a valid integer. The API's OpenAPI document is generated
@@ -106,6 +106,7 @@ class _SamplingRequest(_Body):
     use_beam_search: bool | None = False  # vLLM's; accepted only when false: not supported
     # vLLM's: the prompt shares prefix-cache blocks only with requests of the same salt (one per tenant)
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
+    priority: Int = 0  # vLLM's: lower runs first; nonzero needs the server's priority scheduling policy
     # each prompt token's log-probability and the top k at its position (not streamed)
     prompt_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     # OpenAI's; the completions endpoint takes it too, as vLLM's does
@@ -306,6 +307,7 @@ class ResponsesRequest(_Body):
     include: list[str] | None = None  # OpenAI's includables: "message.output_text.logprobs" adds something
     top_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None  # vLLM's, as on chat
+    priority: Int = 0  # vLLM's, as on chat
 
 
 FIELD_NAMES: frozenset[str] = frozenset(

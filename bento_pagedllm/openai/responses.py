@@ -40,6 +40,7 @@ class Job:
     prompts: list[Prompt]
     params: list[SamplingParams]
     cache_salt: str | None = None  # vLLM's: the prefix cache shared only with requests of the same salt
+    priority: int = 0  # vLLM's: lower runs first (the priority scheduling policy)
 
     @property
     def prompt_tokens(self) -> int:
@@ -84,7 +85,7 @@ class JobStreams:
         try:
             for i, (prompt, params) in enumerate(zip(job.prompts, job.params)):
                 self.streams.append(engine.submit(prompt.token_ids, params, request_id=f"{job.id}-{i}",
-                                                  cache_salt=job.cache_salt))
+                                                  cache_salt=job.cache_salt, priority=job.priority))
         except BaseException:
             self.close()
             raise
