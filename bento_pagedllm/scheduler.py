@@ -2,10 +2,11 @@
 
 There are no prefill and decode phases. Each sequence has `num_tokens` and `num_computed_tokens`; each
 step spends a token budget (`max_num_batched_tokens`) so that computed catches up with total, oldest
-requests first (FCFS). A long prompt therefore spreads over several steps (chunked prefill) while the
-running decodes keep going. When the KV pool runs dry the newest running sequence is preempted: its
-blocks are freed and it is recomputed later from its tokens (which it keeps). The result is a frozen
-`StepPlan`, the only thing the model runner reads.
+requests first (FCFS; under the priority policy, the lowest `priority` value first, then the oldest). A
+long prompt therefore spreads over several steps (chunked prefill) while the running decodes keep going.
+When the KV pool runs dry the last running sequence in that order (the newest, of the highest priority
+value) is preempted: its blocks are freed and it is recomputed later from its tokens (which it keeps).
+The result is a frozen `StepPlan`, the only thing the model runner reads.
 """
 
 from __future__ import annotations
