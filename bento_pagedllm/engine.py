@@ -17,6 +17,7 @@ from collections.abc import Sequence as SequenceABC
 
 import torch
 
+from .beam_search import BeamSearch, BeamSearchParams
 from .block_manager import BlockManager
 from .config import EngineArgs, EngineConfigs
 from .distributed.parallel_state import ParallelConfig
@@ -149,9 +150,7 @@ class LLMEngine:
         self._request_counter = itertools.count()
         self.last_plan = None
         self._in_flight: LaunchedStep | None = None  # launched, tokens not yet read (async scheduling)
-        self.eos_token_ids = set(self.model_config.eos_token_id)
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = self.prompts.eos_token_ids
         self.runner.eos_token_ids = tuple(sorted(self.eos_token_ids))
         self.grammars = GrammarMatchers(self.tokenizer, self.model_config.vocab_size, self.runner.eos_token_ids)
         # A test hook (see faults.py) called with each sampled token before it is appended; what it raises
@@ -462,6 +461,31 @@ class LLM:
         ids = [self.engine.add_request(None, p, sp, priority=rank).request_id
                for p, sp, rank in zip(prompts, params_list, priorities)]
         return self._run(ids)
+
+    def beam_search(self, prompts: PromptType | SequenceABC[PromptType],
+                    params: BeamSearchParams) -> list[RequestOutput]:
+        """vLLM's `LLM.beam_search`: each prompt's `params.width` most likely continuations (beam_search.py
+        says how), as one finished RequestOutput a prompt whose choices are the beams, best first."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        limit = self.engine.configs.scheduler.max_model_len
+        searches = []
+        for prompt in prompts:
+            ids = self.engine.tokenize(prompt)
+            if len(ids) + params.max_tokens > limit:
+                raise RequestError(f"a prompt of {len(ids)} tokens and {params.max_tokens} more exceed the "
+                                   f"maximum context length {limit}")
+            searches.append(BeamSearch(ids, params, self.engine.eos_token_ids))
+        step_params = params.step_params()
+        while live := [search for search in searches if not search.done]:
+            groups = [[self.engine.add_request(None, context, step_params).request_id for context in search.contexts()]
+                      for search in live]
+            request_ids = [request_id for group in groups for request_id in group]
+            outs = dict(zip(request_ids, self._run(request_ids)))
+            for search, group in zip(live, groups):
+                search.advance([outs[i].outputs[0].logprobs[0].top for i in group])
+        return [search.output(f"beam-{index}", prompt if isinstance(prompt, str) else None, self.tokenizer)
+                for index, (search, prompt) in enumerate(zip(searches, prompts))]
 
     def default_sampling_params(self) -> SamplingParams:
         """What `generate` and `chat` use when given no params: SamplingParams' defaults, with the sampling

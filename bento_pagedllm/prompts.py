@@ -29,6 +29,11 @@ class PromptProcessor:
         # the model's recommended sampling parameters (generation_config.json): the API's defaults for the
         # fields a request leaves out, unless the server is told to ignore them
         self.sampling_defaults = sampling_defaults(self.source)
+        # the tokens that end a sequence (unless `ignore_eos`): the model config's and the tokenizer's
+        eos = set(self.model_config.eos_token_id)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids: frozenset[int] = frozenset(eos)
 
     def tokenize(self, prompt: PromptType, add_special_tokens: bool = True) -> list[int]:
         if isinstance(prompt, str):

@@ -109,6 +109,21 @@ async def test_outputs_equal_the_engine_on_a_thread(tiny_llama3_dir, process_eng
     assert got[1][-1].prompt_logprobs[1].token_id == 17 and got[0][-1].prompt_logprobs is None
 
 
+async def test_beam_search_through_the_engine_process(tiny_llama3_dir, process_engine):
+    """The API's beam search reads each step's alternatives from the streams: the engine process's (rebuilt
+    from deltas) give the beams the offline engine finds."""
+    from bento_pagedllm import LLM, BeamSearchParams
+    from bento_pagedllm.beam_search import beam_search_output
+
+    params = BeamSearchParams(width=2, max_tokens=4)
+    prompt = [5, 17, 42, 99, 3]
+    got = await beam_search_output(process_engine, prompt, params, "beams")
+    expected = LLM(tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=64).beam_search([prompt], params)
+    assert [(c.token_ids, c.finish_reason) for c in got.outputs] == [
+        (c.token_ids, c.finish_reason) for c in expected[0].outputs]
+    assert await eventually(lambda: not process_engine.num_open_streams)
+
+
 async def test_cancelling_the_consumer_aborts_in_the_engine_process(process_engine, observer):
     aborted = observer.aborted
 

@@ -449,6 +449,27 @@ async def test_cache_salt_shares_the_prefix_cache_only_within_a_salt(http):
     assert usages[0]["prompt_tokens_details"]["cached_tokens"] == 0 < usages[1]["prompt_tokens_details"]["cached_tokens"]
 
 
+async def test_beam_search_answers_the_offline_engines_beams(oai, engine, tiny_llama3_dir):
+    """vLLM's use_beam_search: the n choices are the n best beams, as `LLM.beam_search` finds them (itself
+    checked against transformers: test_beam_search.py), on completions and chat."""
+    from bento_pagedllm import LLM, BeamSearchParams
+
+    offline = LLM(tiny_llama3_dir, dtype="float32", device="cpu", num_kv_blocks=128, max_model_len=MAX_LEN)
+    prompt = "Beams of the tiny model:"
+    chat_ids = apply_chat_template(engine.tokenizer, HELLO, True)
+    expected = offline.beam_search([prompt, chat_ids], BeamSearchParams(width=3, max_tokens=6, length_penalty=0.5))
+    completion = await oai.completions.create(model=MODEL, prompt=prompt, n=3, max_tokens=6,
+                                              extra_body={"use_beam_search": True, "length_penalty": 0.5})
+    assert [c.index for c in completion.choices] == [0, 1, 2]
+    assert [c.text for c in completion.choices] == [c.text for c in expected[0].outputs]
+    assert [c.finish_reason for c in completion.choices] == [c.finish_reason for c in expected[0].outputs]
+    assert completion.usage.completion_tokens == sum(len(c.token_ids) for c in expected[0].outputs)
+    chat = await oai.chat.completions.create(model=MODEL, messages=HELLO, n=3, max_tokens=6,
+                                             extra_body={"use_beam_search": True, "length_penalty": 0.5})
+    assert [c.message.content for c in chat.choices] == [c.text for c in expected[1].outputs]
+    assert await wait_idle(engine)
+
+
 async def test_priority_orders_the_queue_under_the_priority_policy(tiny_llama3_dir):
     """vLLM's `priority` (the server's scheduling_policy "priority"): with the one seat taken, a request of a
     lower value sent after one of a higher value runs first; chat, completions and responses take the field."""
@@ -736,7 +757,13 @@ BAD_REQUESTS = [
     ("/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "logprobs", "invalid_value"),
     ("/completions", {"model": MODEL, "prompt": "x", "stop_token_ids": [10 ** 6]}, 400, "stop_token_ids", None),
     ("/completions", {"model": MODEL, "prompt": "x", "suffix": "y"}, 400, "suffix", None),
-    ("/completions", {"model": MODEL, "prompt": "x", "use_beam_search": True}, 400, "use_beam_search", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "use_beam_search": True, "stream": True}, 400, "stream", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "use_beam_search": True, "logprobs": 1}, 400, "logprobs", None),
+    ("/completions", {"model": MODEL, "prompt": "x", "use_beam_search": True, "n": 11}, 400, "n", None),
+    ("/chat/completions", {**CHAT, "use_beam_search": True, "response_format": {"type": "json_object"}}, 400,
+     "use_beam_search", None),
+    ("/chat/completions", {**CHAT, "use_beam_search": True, "length_penalty": "long"}, 400, "length_penalty",
+     "invalid_type"),
     ("/completions", {"model": MODEL, "prompt": "x", "cache_salt": ""}, 400, "cache_salt", "invalid_value"),
     ("/completions", {"model": MODEL, "prompt": "x", "priority": 1}, 400, "priority", None),  # FCFS: 0 only
     ("/chat/completions", {**CHAT, "priority": -1}, 400, "priority", None),

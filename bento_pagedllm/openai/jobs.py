@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from ..async_engine import AsyncLLMEngine
+from ..beam_search import BeamSearchParams
 from ..engine import RequestError
 from ..sampling_params import SamplingParams
 from ..structured_output import StructuredOutputs
@@ -146,8 +147,6 @@ def _base_params(
     out (the model's recommendations), then OpenAI's."""
     if body.stream_options is not None and not body.stream:
         raise OpenAIError("stream_options is only allowed when stream is true.", param="stream_options")
-    if body.use_beam_search:
-        raise OpenAIError("use_beam_search is not supported.", param="use_beam_search")
     if body.prompt_logprobs is not None and body.stream:  # NOTE: as vLLM: they would all come in one chunk
         raise OpenAIError("prompt_logprobs is not supported when stream is true.", param="prompt_logprobs")
     try:
@@ -289,4 +288,27 @@ def _truncated(prompts: list[Prompt], keep: int | None) -> list[Prompt]:
 def _job(id_prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[Prompt],
          params: list[SamplingParams]) -> Job:
     return Job(f"{id_prefix}{uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts, params,
-               body.cache_salt, body.priority)
+               body.cache_salt, body.priority, _beam_search(body, params))
+
+
+def _beam_search(body: CompletionRequest | ChatCompletionRequest,
+                 params: list[SamplingParams]) -> list[BeamSearchParams] | None:
+    """vLLM's `use_beam_search`: each prompt's n best beams instead of n samples (beam_search.py). As in vLLM,
+    the sampling fields (temperature, top_p, penalties, stop strings, ...) do not apply; what the answer could
+    not honour is refused: a stream, log-probabilities, structured outputs or a forced tool call."""
+    if not body.use_beam_search:
+        return None
+    if body.stream:
+        raise OpenAIError("use_beam_search is not supported when stream is true.", param="stream")
+    if any(p.logprobs is not None or p.prompt_logprobs is not None for p in params):
+        raise OpenAIError("use_beam_search is not supported with logprobs.", param="logprobs")
+    if any(p.structured_outputs is not None for p in params):
+        raise OpenAIError("use_beam_search is not supported with structured outputs or a forced tool call.",
+                          param="use_beam_search")
+    if (body.n or 1) > BeamSearchParams.MAX_WIDTH:
+        raise OpenAIError(f"use_beam_search takes n up to {BeamSearchParams.MAX_WIDTH}.", param="n")
+    if any(p.max_tokens == 0 for p in params):
+        raise OpenAIError("use_beam_search needs max_tokens of at least 1.", param="max_tokens")
+    return [BeamSearchParams(width=p.n, max_tokens=p.max_tokens, ignore_eos=p.ignore_eos,
+                             length_penalty=body.length_penalty, skip_special_tokens=p.skip_special_tokens)
+            for p in params]

@@ -3,7 +3,7 @@
 Field names and ranges follow OpenAI's API reference; `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`,
 `stop_token_ids`, `min_tokens`, `include_stop_str_in_output`, `skip_special_tokens`, `truncate_prompt_tokens`,
 `return_tokens_as_token_ids`, `prompt_logprobs`, `allowed_token_ids`, `bad_words`, `cache_salt`, `priority`,
-`add_special_tokens` and `use_beam_search` (refused when true) are vLLM's extensions. Unknown fields are
+`add_special_tokens`, `use_beam_search` and `length_penalty` are vLLM's extensions. Unknown fields are
 ignored. Types are strict (`"temperature": "1"` is an error, as in OpenAI's API), except that an integer is
 a valid float and, as JSON Schema has it, a float without a fractional part (`2.0`) a valid integer. The API's OpenAPI document is generated
 from these models (schema.py), and the tests fuzz the server against it.
@@ -103,7 +103,8 @@ class _SamplingRequest(_Body):
     return_tokens_as_token_ids: bool | None = False  # log-probabilities name tokens "token_id:N"
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # only these may be drawn
     bad_words: Annotated[list[str], Field(max_length=MAX_BAD_WORDS)] | None = None  # never ended on
-    use_beam_search: bool | None = False  # vLLM's; accepted only when false: not supported
+    use_beam_search: bool | None = False  # vLLM's: the n best beams instead of n samples (not streamed)
+    length_penalty: Annotated[float, Field(allow_inf_nan=False)] = 1.0  # vLLM's: beam scores / length ** this
     # vLLM's: the prompt shares prefix-cache blocks only with requests of the same salt (one per tenant)
     cache_salt: Annotated[str, Field(min_length=1)] | None = None
     priority: Int = 0  # vLLM's: lower runs first; nonzero needs the server's priority scheduling policy

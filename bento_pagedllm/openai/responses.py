@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from ..async_engine import AsyncLLMEngine, RequestStream
+from ..beam_search import BeamSearchParams, beam_search_output
 from ..outputs import RequestOutput
 from ..sampling_params import SamplingParams
 from .errors import OpenAIError
@@ -41,6 +42,7 @@ class Job:
     params: list[SamplingParams]
     cache_salt: str | None = None  # vLLM's: the prefix cache shared only with requests of the same salt
     priority: int = 0  # vLLM's: lower runs first (the priority scheduling policy)
+    beams: list[BeamSearchParams] | None = None  # vLLM's use_beam_search: per prompt, instead of sampling
 
     @property
     def prompt_tokens(self) -> int:
@@ -173,17 +175,20 @@ async def respond(
     report: Callable[[Exception], OpenAIError], stream_interval: int,
 ) -> Response:
     """Admit the job (refusals raise here, before any byte is sent), then answer in one body or as SSE."""
-    streams = JobStreams(engine, job)
-    if body.stream:
-        options = body.stream_options
-        include_usage = bool(options and options.include_usage)
-        continuous = include_usage and bool(options.continuous_usage_stats)
-        events = _sse_events(streams, job, fmt, include_usage, report, stream_interval, continuous)
-        return SSEResponse(events, on_close=streams.close)
-    try:
-        outputs = await until_disconnect(request, streams.final_outputs())
-    finally:
-        streams.close()
+    if job.beams is not None:  # NOTE: never streamed (jobs._beam_search)
+        outputs = await until_disconnect(request, _beam_search_outputs(engine, job))
+    else:
+        streams = JobStreams(engine, job)
+        if body.stream:
+            options = body.stream_options
+            include_usage = bool(options and options.include_usage)
+            continuous = include_usage and bool(options.continuous_usage_stats)
+            events = _sse_events(streams, job, fmt, include_usage, report, stream_interval, continuous)
+            return SSEResponse(events, on_close=streams.close)
+        try:
+            outputs = await until_disconnect(request, streams.final_outputs())
+        finally:
+            streams.close()
     choices, completion_tokens = [], 0
     cached_tokens = sum(prompt_tokens_cached(out) for out in outputs)
     for p_index, (prompt, out) in enumerate(zip(job.prompts, outputs)):
@@ -201,6 +206,14 @@ async def respond(
         "usage": _usage(job.prompt_tokens, completion_tokens, cached_tokens),
         **fmt.response_fields(outputs),
     })
+
+
+async def _beam_search_outputs(engine: AsyncLLMEngine, job: Job) -> list[RequestOutput]:
+    """Each prompt's beam search, concurrently (their steps' requests batch together in the engine)."""
+    return list(await asyncio.gather(*(
+        beam_search_output(engine, prompt.token_ids, beams, f"{job.id}-{i}", prompt=prompt.text,
+                           cache_salt=job.cache_salt, priority=job.priority)
+        for i, (prompt, beams) in enumerate(zip(job.prompts, job.beams)))))
 
 
 def prompt_tokens_cached(out: RequestOutput) -> int:

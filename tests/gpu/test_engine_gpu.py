@@ -143,6 +143,28 @@ def test_float32_prompt_scores_match_transformers(tiny_dir, graphs):
                      3, close=1e-3)
 
 
+def test_float32_beam_search_matches_a_search_over_transformers(tiny_dir):
+    """Beam search on CUDA (each step's one-token requests through the graphs, their top log-probabilities
+    from the GPU sampler) against the same search over transformers' float32 log-probabilities on the GPU."""
+    from transformers import AutoModelForCausalLM
+
+    from bento_pagedllm import LLM, BeamSearchParams
+    from test_beam_search import reference_beams
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).cuda().eval()
+    llm = LLM(tiny_dir, dtype="float32", device="cuda", num_kv_blocks=64, max_model_len=768)
+    prompts_ = prompts()[2:5]
+    outs = llm.beam_search(prompts_, BeamSearchParams(width=4, max_tokens=8, length_penalty=0.7))
+    for prompt, out in zip(prompts_, outs):
+        expected = reference_beams(hf, prompt, 4, 8, llm.engine.eos_token_ids, 0.7)
+        assert [c.token_ids for c in out.outputs] == [tokens for tokens, _, _ in expected]
+        for choice, (_, cumulative, _) in zip(out.outputs, expected):
+            assert abs(choice.cumulative_logprob - cumulative) < 1e-3
+    del llm
+    gc.collect()
+    torch.cuda.synchronize()
+
+
 def test_bfloat16_agrees_with_transformers_bfloat16(tiny_dir):
     """NOTE on the tolerance: bfloat16 keeps 8 significant bits (relative error ~0.4%), and our kernels
     accumulate in a different order than cuBLAS/SDPA, so logits differ by ~1e-2; where two tokens are
