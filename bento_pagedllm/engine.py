@@ -188,7 +188,8 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         allowed = params.allowed_token_ids
         request = Request(request_id, prompt if isinstance(prompt, str) else None, ids, params, mix_seed(seed, 0),
-                          bad_words=self.prompts.bad_words_token_ids(params), cache_salt=cache_salt, priority=priority,
+                          bad_words=self.prompts.bad_words_token_ids(params), cache_salt=cache_salt,
+                          priority=priority,
                           allowed_mask=None if allowed is None else token_bitmask(allowed, self.model_config.vocab_size))
         if params.structured_outputs is not None:
             try:
@@ -436,6 +437,13 @@ class LLMEngine:
             self._emitted.pop(seq.seq_id, None)
 
 
+def _prompt_list(prompts: PromptType | SequenceABC[PromptType]) -> list[PromptType]:
+    """One prompt (a text, or token ids) or a list of them, as a list."""
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        return [prompts]  # type: ignore[list-item]
+    return list(prompts)
+
+
 class LLM:
     """Offline generation: give all prompts, get all outputs (in the same order)."""
 
@@ -450,8 +458,7 @@ class LLM:
         priority: SequenceABC[int] | None = None,
     ) -> list[RequestOutput]:
         """`priority`: one per prompt (vLLM's; needs the priority scheduling policy)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+        prompts = _prompt_list(prompts)
         if params is None:
             params = self.default_sampling_params()
         params_list = list(params) if isinstance(params, SequenceABC) else [params] * len(prompts)
@@ -466,8 +473,7 @@ class LLM:
                     params: BeamSearchParams) -> list[RequestOutput]:
         """vLLM's `LLM.beam_search`: each prompt's `params.width` most likely continuations (beam_search.py
         says how), as one finished RequestOutput a prompt whose choices are the beams, best first."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+        prompts = _prompt_list(prompts)
         limit = self.engine.configs.scheduler.max_model_len
         searches = []
         for prompt in prompts:
@@ -478,8 +484,8 @@ class LLM:
             searches.append(BeamSearch(ids, params, self.engine.eos_token_ids))
         step_params = params.step_params()
         while live := [search for search in searches if not search.done]:
-            groups = [[self.engine.add_request(None, context, step_params).request_id for context in search.contexts()]
-                      for search in live]
+            groups = [[self.engine.add_request(None, context, step_params).request_id
+                       for context in search.contexts()] for search in live]
             request_ids = [request_id for group in groups for request_id in group]
             outs = dict(zip(request_ids, self._run(request_ids)))
             for search, group in zip(live, groups):
