@@ -1013,6 +1013,18 @@ def test_the_engine_process_setting():
         ServiceSettings.from_env({"PAGEDLLM_ENGINE_PROCESS": "sometimes"})
 
 
+def test_the_scheduling_policy_setting(tiny_llama3_dir):
+    from bento_pagedllm.config import SchedulingPolicy
+    from bento_pagedllm.prompts import PromptProcessor
+    from bento_pagedllm.settings import ServiceSettings
+
+    settings = ServiceSettings.from_env({"PAGEDLLM_SCHEDULING_POLICY": "priority"})
+    assert PromptProcessor(settings.engine_args(tiny_llama3_dir)).configs.scheduler.policy is SchedulingPolicy.PRIORITY
+    assert "scheduling_policy" not in ServiceSettings.from_env({}).engine  # the engine's default: fcfs
+    with pytest.raises(ValueError, match="SCHEDULING_POLICY"):
+        ServiceSettings.from_env({"PAGEDLLM_SCHEDULING_POLICY": "lifo"})
+
+
 def test_the_stream_interval_setting():
     from bento_pagedllm.settings import ServiceSettings
 
