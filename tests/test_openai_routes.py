@@ -467,6 +467,11 @@ async def test_beam_search_answers_the_offline_engines_beams(oai, engine, tiny_l
     chat = await oai.chat.completions.create(model=MODEL, messages=HELLO, n=3, max_tokens=6,
                                              extra_body={"use_beam_search": True, "length_penalty": 0.5})
     assert [c.message.content for c in chat.choices] == [c.text for c in expected[1].outputs]
+    # a batch of prompts: each prompt's beams, as choices n * prompt + beam
+    batch = await oai.completions.create(model=MODEL, prompt=[prompt, "Another"], n=3, max_tokens=6,
+                                         extra_body={"use_beam_search": True, "length_penalty": 0.5})
+    assert [c.index for c in batch.choices] == list(range(6))
+    assert [c.text for c in batch.choices[:3]] == [c.text for c in expected[0].outputs]
     assert await wait_idle(engine)
 
 
@@ -937,6 +942,17 @@ async def test_disconnect_before_a_non_streamed_answer_aborts(app, engine, abort
     assert status == 499 and not any(chunks)  # the work was cancelled: no answer
     assert await wait_idle(engine)
     assert len(aborted) == 1
+
+
+async def test_disconnect_during_a_beam_search_aborts_its_step(app, engine, aborted):
+    """A beam search's client gone: the search stops (no next step), its step's requests are closed, nothing
+    is left running. NOTE: a one-token request is usually done in the engine by then: an abort is not counted."""
+    payload = {**CHAT, "max_tokens": 800, "n": 4, "use_beam_search": True}
+    status, chunks, _ = await call_asgi(app, "/chat/completions", payload, disconnect_delay=0.3, engine=engine)
+    assert not engine._active_ids
+    assert status == 499 and not any(chunks)
+    assert await wait_idle(engine)
+    assert len(aborted) <= 4  # at most the beams of the step in flight
 
 
 async def test_real_server_disconnect(app, engine, aborted):
