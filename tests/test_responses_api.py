@@ -139,6 +139,15 @@ async def test_cache_salt_keeps_the_prefix_cache_within_the_salt(http):
     assert await cached("a") == 0 and await cached("a") > 0 and await cached("b") == 0
 
 
+async def test_logit_bias_steers_the_answer_as_on_chat(oai, engine):
+    """vLLM's logit_bias on responses: +100 makes one token every greedy choice, as chat's does."""
+    forced = 1234
+    response = await oai.responses.create(model=MODEL, input="Hi", max_output_tokens=4, temperature=0,
+                                          extra_body={"logit_bias": {str(forced): 100}})
+    assert response.output_text == engine.tokenizer.decode([forced] * 4)
+    assert response.usage.output_tokens == 4
+
+
 async def test_log_probabilities_as_chat_reports_them(oai, http):
     chat = await oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=0,
                                              logprobs=True, top_logprobs=2)
@@ -285,6 +294,8 @@ def test_an_empty_answer_is_still_a_message():
     ({"input": "x", "tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "max_output_tokens": 5000}, "input"),
+    ({"input": "x", "logit_bias": {"99999999": 1}}, "logit_bias"),
+    ({"input": "x", "priority": 1}, "priority"),  # the FCFS engine
 ])
 async def test_bad_requests(http, body, param):
     error = error_of(await http.post("/v1/responses", json={"model": MODEL, **body}), 400)

@@ -309,6 +309,7 @@ class ResponsesRequest(_Body):
     top_logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     cache_salt: Annotated[str, Field(min_length=1)] | None = None  # vLLM's, as on chat
     priority: Int = 0  # vLLM's, as on chat
+    logit_bias: Annotated[dict[str, Bias], Field(max_length=MAX_LOGIT_BIAS)] | None = None  # vLLM's, as on chat
 
 
 FIELD_NAMES: frozenset[str] = frozenset(

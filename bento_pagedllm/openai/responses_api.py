@@ -82,7 +82,7 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         "model": body.model, "messages": messages, "max_completion_tokens": body.max_output_tokens,
         "temperature": body.temperature, "top_p": body.top_p, "stream": body.stream,
         "parallel_tool_calls": body.parallel_tool_calls, "response_format": _response_format(body),
-        "cache_salt": body.cache_salt, "priority": body.priority,
+        "cache_salt": body.cache_salt, "priority": body.priority, "logit_bias": body.logit_bias,
     }
     if LOGPROBS in (body.include or []) or body.top_logprobs:
         fields.update(logprobs=True, top_logprobs=body.top_logprobs or 0)
