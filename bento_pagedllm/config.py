@@ -185,6 +185,15 @@ class SchedulingPolicy(enum.Enum):
     PRIORITY = "priority"  # a request's `priority` first (lower runs first), then arrival
 
 
+def parse_scheduling_policy(name: str) -> SchedulingPolicy:
+    """A user's `scheduling_policy` name; reject anything else early."""
+    try:
+        return SchedulingPolicy(name)
+    except ValueError:
+        raise ValueError(f"unknown scheduling_policy {name!r}; choose one of "
+                         f"{[p.value for p in SchedulingPolicy]}") from None
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Continuous batching limits: tokens computed per step, sequences running at once, context length."""
@@ -323,11 +332,6 @@ class EngineArgs:
                 f"max_model_len {max_model_len} exceeds the model's {model_config.max_position_embeddings}"
             )
         batched = self.max_num_batched_tokens or max(2048, min(max_model_len, 8192))
-        try:
-            policy = SchedulingPolicy(self.scheduling_policy)
-        except ValueError:
-            raise ValueError(f"unknown scheduling_policy {self.scheduling_policy!r}; choose one of "
-                             f"{[p.value for p in SchedulingPolicy]}") from None
         self.validate_tensor_parallel(model_config, device)
         graphs = device.type == "cuda" and not self.enforce_eager
         return EngineConfigs(
@@ -343,7 +347,7 @@ class EngineArgs:
                 max_num_batched_tokens=batched,
                 max_num_seqs=self.max_num_seqs,
                 max_model_len=max_model_len,
-                policy=policy,
+                policy=parse_scheduling_policy(self.scheduling_policy),
             ),
             device=DeviceConfig(device=device, dtype=self.resolve_dtype(device), seed=self.seed),
             model_path=model_path,

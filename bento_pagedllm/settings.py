@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .async_engine import RequestLimits
-from .config import EngineArgs, SchedulingPolicy
+from .config import EngineArgs, parse_scheduling_policy
 from .faults import FaultInjection
 from .loader.store import DEFAULT_MODEL_NAME
 
@@ -63,12 +63,6 @@ def _generation_config(raw: str) -> str:
     return raw
 
 
-def _scheduling_policy(raw: str) -> str:
-    if raw not in {policy.value for policy in SchedulingPolicy}:
-        raise ValueError(f"expected one of {[policy.value for policy in SchedulingPolicy]}")
-    return raw
-
-
 def _origins(raw: str) -> tuple[str, ...]:
     return tuple(origin.strip() for origin in raw.split(",") if origin.strip())
 
@@ -80,7 +74,7 @@ _ENGINE_FIELDS = {
     "max_num_batched_tokens": int, "seed": int, "enable_prefix_caching": _parse_bool,
     "load_format": str, "max_graph_batch": int, "async_scheduling": _parse_bool,
     "tensor_parallel_size": int, "quiet_gc": _parse_bool,
-    "scheduling_policy": _scheduling_policy,
+    "scheduling_policy": lambda raw: parse_scheduling_policy(raw).value,
 }
 
 
