@@ -218,3 +218,19 @@ def test_the_offline_benchmark_runs_end_to_end_on_the_cpu(tmp_path, monkeypatch)
     assert result["completed"] == 3 and result["failed"] == 0
     assert result["output_throughput"] * result["duration_s"] == pytest.approx(9)
     assert set(result["host"]["median_phases_ms"]) >= {"schedule", "prepare", "launch", "device_inputs"}
+
+
+def test_the_read_ceilings_kernel_sums_every_chunk_it_is_timed_on(monkeypatch):
+    """bench/read_ceiling.py's read-only stream (under Triton's interpreter here): per chunk or walking the
+    chunks, with 1, 2 or 4 tiles in flight, its sums cover the whole buffer (the bench asserts as much)."""
+    import torch
+
+    read_ceiling = _load("read_ceiling")
+    monkeypatch.setattr(read_ceiling, "_seconds", lambda fn: (fn(), 1.0)[1])
+    x = torch.rand(1 << 14, dtype=torch.float16)
+    expected = x.sum(dtype=torch.float32).item()
+    for chunk, block, unroll, programs in [(2048, 512, 1, 0), (2048, 256, 2, 3), (4096, 256, 4, 5)]:
+        row = read_ceiling.triton_read(x, expected, chunk, block, unroll, 4, programs)
+        assert row["read_tbs"] == x.numel() * 2 / 1e12 and row["unroll"] == unroll
+    with pytest.raises(AssertionError):  # a wrong sum is caught
+        read_ceiling.triton_read(x, expected + 100.0, 2048, 512, 1, 4, 0)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One H200 call (thirty-seventh session): (1) the polled combine against main on an H200 (the thirty-sixth
+# session's run3.sh: its GPU test, then single stream in the order poll, relaxed, main, main, relaxed, poll, the
+# first three profiled); (2) what a read-only stream reaches (bench/read_ceiling.py) against the copy
+# bandwidth; (3) Nsight Compute on each one-row projection of a 7B layer, a read-only stream and a copy
+# (ncu_kernels.py here); (4) bench/gemv.py at one row, the 7B's projections in a graph with dependent launch.
+# Needs ab/main, ab/poll, ab/relaxed (../h200-2026-12-05b/README.md says how to build them) and .whl.
+set -uo pipefail
+out=$1; mkdir -p $out; w=/tmp/w; mkdir -p $w; here=bench/results/h200-2026-12-05c
+pack() { tar czf $out/run1.tgz -C $w --exclude='*.trace.json' --exclude='*.ncu-rep' .; }
+step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
+  timeout $limit "$@" > $w/$name.log 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s" | tee -a $w/session.log; pack; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONUNBUFFERED=1
+nvidia-smi > $w/nvidia-smi.txt 2>&1
+(cd ab/poll && PYTHONPATH=/tmp/site:$PWD timeout 100 python3 -m pytest -q -p no:cacheprovider \
+  tests/gpu/test_kernels_gpu.py -k polled) > $w/gpu_tests_poll.log 2>&1
+echo "polled test rc=$?" | tee -a $w/session.log
+n=0; for v in poll relaxed main main relaxed poll; do n=$((n+1))
+  prof=$([ $n -le 3 ] && echo "--profile-dir $w/prof_${n}_$v")
+  PYTHONPATH=$PWD/ab/$v:/tmp/site:$PWD step single_stream_${n}_$v 100 python3 bench/single_stream.py --models llama2-7b \
+    --peers none --runs 3 $prof --out $w/single_stream_${n}_$v.json
+  [ -n "$prof" ] && python3 bench/trace_steps.py $w/prof_${n}_$v/profile_llama2-7b.trace.json > $w/trace_${n}_$v.txt 2>&1
+  [ -n "$prof" ] && python3 bench/results/h200-2026-12-05/starts.py $w/prof_${n}_$v/profile_llama2-7b.trace.json > $w/starts_${n}_$v.txt 2>&1
+done
+pack
+export PYTHONPATH=/tmp/site:$PWD:$PWD/bench
+step read_ceiling 120 python3 bench/read_ceiling.py --out $w/read_ceiling.json
+NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+step ncu 150 $NCU --clock-control none --nvtx --nvtx-include "profiled/" --section SpeedOfLight \
+  --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+  --section SchedulerStats -f -o $w/ncu python3 $here/ncu_kernels.py
+$NCU --import $w/ncu.ncu-rep --page details > $w/ncu_details.txt 2>&1
+$NCU --import $w/ncu.ncu-rep --page raw --csv > $w/ncu_raw.csv 2>&1; gzip -f $w/ncu_raw.csv; pack
+step gemv 120 python3 bench/gemv.py --rows 1 --shapes llama2-7b --out $w/gemv.json
