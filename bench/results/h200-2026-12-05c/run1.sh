@@ -3,7 +3,7 @@
 # session's run3.sh: its GPU test, then single stream in the order poll, relaxed, main, main, relaxed, poll, the
 # first three profiled); (2) what a read-only stream reaches (bench/read_ceiling.py) against the copy
 # bandwidth; (3) Nsight Compute on each one-row projection of a 7B layer, a read-only stream and a copy
-# (ncu_kernels.py here); (4) bench/gemv.py at one row, the 7B's projections in a graph with dependent launch.
+# (ncu_kernels.py here); (4) bench/gemv.py at one row, the 7B's projections in a graph with dependent launch; (2)-(4) are run2.sh.
 # Needs ab/main, ab/poll, ab/relaxed (../h200-2026-12-05b/README.md says how to build them) and .whl.
 set -uo pipefail
 out=$1; mkdir -p $out; w=/tmp/w; mkdir -p $w; here=bench/results/h200-2026-12-05c
@@ -24,12 +24,4 @@ n=0; for v in poll relaxed main main relaxed poll; do n=$((n+1))
   [ -n "$prof" ] && python3 bench/results/h200-2026-12-05/starts.py $w/prof_${n}_$v/profile_llama2-7b.trace.json > $w/starts_${n}_$v.txt 2>&1
 done
 pack
-export PYTHONPATH=/tmp/site:$PWD:$PWD/bench
-step read_ceiling 120 python3 bench/read_ceiling.py --out $w/read_ceiling.json
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-step ncu 150 $NCU --clock-control none --nvtx --nvtx-include "profiled/" --section SpeedOfLight \
-  --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-  --section SchedulerStats -f -o $w/ncu python3 $here/ncu_kernels.py
-$NCU --import $w/ncu.ncu-rep --page details > $w/ncu_details.txt 2>&1
-$NCU --import $w/ncu.ncu-rep --page raw --csv > $w/ncu_raw.csv 2>&1; gzip -f $w/ncu_raw.csv; pack
-step gemv 120 python3 bench/gemv.py --rows 1 --shapes llama2-7b --out $w/gemv.json
+bash $here/run2.sh $out  # the probes, into the same /tmp/w (run2.tgz then holds everything)
