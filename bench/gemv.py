@@ -22,6 +22,14 @@ whether another tile shape would bring a projection closer to the copy bandwidth
 
     python bench/gemv.py --sweep --rows 16 --shapes "llama3-8b qkv,llama3-8b down,llama2-7b o"
     python bench/gemv.py --sweep --rows 1 --shapes llama2-7b
+
+`--interleave` times gate/up with its rows interleaved in blocks of each given size (0: the gate rows, then
+the up rows; the model's CUDA layout is `swiglu_gemm.INTERLEAVE`, 128), and the shape `llama2-7b
+gate_up_as_norm` reads the same matrix as a plain norm projection (no SwiGLU: one row stream a program, as
+q/k/v and the LM head): whether gate/up's lower read rate (3.99 TB/s against the LM head's 4.14, H200,
+2026-12-02) is its layout, its two row streams a program, or neither.
+
+    python bench/gemv.py --rows 1 --shapes "llama2-7b gate_up,llama2-7b lm_head" --interleave 0,4,128
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ SHAPES = [  # NOTE: the LM head's norm has no residual to add either
     ("llama2-7b qkv", 12288, 4096, "norm"), ("llama2-7b o", 4096, 4096, "none"),
     ("llama2-7b gate_up", 22016, 4096, "swiglu"), ("llama2-7b down", 4096, 11008, "none"),
     ("llama2-7b lm_head", 32000, 4096, "norm"),
+    # NOTE: a probe, not a projection of a model: gate/up's matrix read as q/k/v's and the LM head's are
+    ("llama2-7b gate_up_as_norm", 22016, 4096, "norm"),
     ("llama3-8b qkv", 6144, 4096, "norm"), ("llama3-8b gate_up", 28672, 4096, "swiglu"),
     ("llama3-8b down", 4096, 14336, "none"), ("llama3-8b lm_head", 128256, 4096, "norm"),
     ("smollm2 qkv", 960, 576, "norm"), ("smollm2 o", 576, 576, "none"), ("smollm2 gate_up", 3072, 576, "swiglu"),
@@ -57,6 +67,9 @@ def main() -> None:
     parser.add_argument("--rows", default="1", help="tokens per step, comma-separated")
     parser.add_argument("--shapes", default="", help="only the shapes whose name starts with one of these")
     parser.add_argument("--sweep", action="store_true", help="every tile configuration of sweep_configs()")
+    parser.add_argument("--interleave", default="0",
+                        help="gate/up's row layouts to time, comma-separated (0: gate rows, then up rows; the "
+                             "model's on CUDA: 128)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     dtype, eps = torch.bfloat16, 1e-5
@@ -67,8 +80,9 @@ def main() -> None:
         if prefixes and not name.startswith(prefixes):
             continue
         w = torch.randn(n, k, device="cuda", dtype=dtype) * k**-0.5
-        for m in map(int, args.rows.split(",")):
-            rows.append((sweep if args.sweep else measure)(name, n, k, prologue, m, w, eps))
+        layouts = map(int, args.interleave.split(",")) if prologue == "swiglu" else [0]
+        for interleave, m in itertools.product(layouts, map(int, args.rows.split(","))):
+            rows.append((sweep if args.sweep else measure)(name, n, k, prologue, m, w, eps, interleave))
             print(json.dumps(rows[-1]), flush=True)
         del w
     configs = gemv.tuned_configs()
@@ -80,22 +94,23 @@ def main() -> None:
             json.dump(result, f, indent=2)
 
 
-def _calls(n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float):
+def _calls(n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float, interleave: int = 0):
     """(fused(pdl, w, config=None), unfused(w)) for m tokens, as the model calls them: the norm's input is
-    already the residual sum, o and down add the residual."""
-    dtype = w.dtype
-    x = torch.randn(m, k, device="cuda", dtype=dtype)
-    res, g = torch.randn(m, k, device="cuda", dtype=dtype), torch.ones(k, device="cuda", dtype=dtype)
-    addend = torch.randn(m, n, device="cuda", dtype=dtype)
+    already the residual sum, o and down add the residual; gate/up's rows interleaved in blocks of
+    `interleave` (0: none)."""
+    dtype, device = w.dtype, w.device
+    x = torch.randn(m, k, device=device, dtype=dtype)
+    res, g = torch.randn(m, k, device=device, dtype=dtype), torch.ones(k, device=device, dtype=dtype)
+    addend = torch.randn(m, n, device=device, dtype=dtype)
     if prologue == "norm":
         fused = lambda pdl, w, config=None: gemv.add_rms_norm_gemv(  # noqa: E731
             x, None, g, eps, w, pdl=pdl, config=config)
         unfused = lambda w: torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w)  # noqa: E731
     elif prologue == "swiglu":
         fused = lambda pdl, w, config=None: gemv.add_rms_norm_gemv(  # noqa: E731
-            x, None, g, eps, w, swiglu=True, pdl=pdl, config=config)
+            x, None, g, eps, w, swiglu=True, pdl=pdl, config=config, interleave=interleave)
         unfused = lambda w: activation.silu_and_mul(  # noqa: E731
-            torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w))
+            torch.nn.functional.linear(rms_norm.fused_add_rms_norm(x, res, g, eps)[0], w), interleave=interleave)
     else:
         fused = lambda pdl, w, config=None: gemv.gemv(x, w, addend, pdl=pdl, config=config)  # noqa: E731
         unfused = lambda w: torch.nn.functional.linear(x, w)  # noqa: E731
@@ -135,11 +150,12 @@ def sweep_configs(k: int, m: int, swiglu: bool = False) -> list[dict]:
     return configs + [c for c in tuned if c not in configs]
 
 
-def sweep(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float) -> dict:
+def sweep(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float,
+          interleave: int = 0) -> dict:
     """The kernel for m rows in every configuration of `sweep_configs`, with dependent launch where the GPU
     has it, against the autotuner's choice; the configurations compile first, in threads."""
     assert m <= gemv.MAX_ROWS, "the sweep times the Triton kernels"
-    fused, _, _ = _calls(n, k, prologue, m, w, eps)
+    fused, _, _ = _calls(n, k, prologue, m, w, eps, interleave)
     pdl = supports_dependent_launch(w.device)
     configs = sweep_configs(k, m, swiglu=prologue == "swiglu")
     fused(pdl, w, configs[0])  # NOTE: the first compile alone sets up the device's cache the threads share
@@ -157,8 +173,9 @@ def sweep(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps
     copies = _weight_copies(w)
     fused(pdl, w)  # the autotuner's choice, tuned outside the graph
     weight_bytes = n * k * w.element_size()
-    row = {"name": name, "n": n, "k": k, "rows": m, "prologue": prologue, "weight_mb": weight_bytes / 1e6,
-           "autotuned_us": _timed_us(functools.partial(fused, pdl), copies), "configs": []}
+    row = {"name": name, "n": n, "k": k, "rows": m, "prologue": prologue, "interleave": interleave,
+           "weight_mb": weight_bytes / 1e6, "autotuned_us": _timed_us(functools.partial(fused, pdl), copies),
+           "configs": []}
     for config in configs:
         us = _timed_us(lambda c: fused(pdl, c, config), copies)
         row["configs"].append({**config, "us": us, "tbs": weight_bytes / us / 1e6})
@@ -167,14 +184,15 @@ def sweep(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps
     return row
 
 
-def measure(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float) -> dict:
+def measure(name: str, n: int, k: int, prologue: str, m: int, w: torch.Tensor, eps: float,
+            interleave: int = 0) -> dict:
     """Time one projection of m tokens: fused (as the model calls it; with dependent launch where the GPU
     has it), cuBLAS with the separate kernels, cuBLAS alone."""
-    fused, unfused, x = _calls(n, k, prologue, m, w, eps)
+    fused, unfused, x = _calls(n, k, prologue, m, w, eps, interleave)
     weight_bytes = n * k * w.element_size()
     copies = _weight_copies(w)
-    row = {"name": name, "n": n, "k": k, "rows": m, "prologue": prologue, "weight_mb": weight_bytes / 1e6,
-           "weight_copies": len(copies)}
+    row = {"name": name, "n": n, "k": k, "rows": m, "prologue": prologue, "interleave": interleave,
+           "weight_mb": weight_bytes / 1e6, "weight_copies": len(copies)}
     timed = [("cublas_unfused", unfused), ("cublas_matmul_only", lambda w: torch.nn.functional.linear(x, w))]
     if m <= gemv.MAX_ROWS:
         variants = [False, True] if supports_dependent_launch(w.device) else [False]

@@ -234,3 +234,22 @@ def test_the_read_ceilings_kernel_sums_every_chunk_it_is_timed_on(monkeypatch):
         assert row["read_tbs"] == x.numel() * 2 / 1e12 and row["unroll"] == unroll
     with pytest.raises(AssertionError):  # a wrong sum is caught
         read_ceiling.triton_read(x, expected + 100.0, 2048, 512, 1, 4, 0)
+
+
+@pytest.mark.parametrize("interleave", [0, 4, 16])
+def test_the_projection_benchmark_times_gate_up_in_the_layout_it_names(interleave):
+    """bench/gemv.py --interleave: the fused gate/up it times reads W's rows in that layout (interleaved in
+    blocks of `interleave`), which the unfused line's activation reads too (under Triton's interpreter)."""
+    import torch
+
+    from bento_pagedllm.kernels import gemv, swiglu_gemm
+
+    bench = _load("gemv")
+    torch.manual_seed(0)
+    inter, k = 32, 64
+    w = torch.randn(2 * inter, k) * k**-0.5
+    fused, unfused, x = bench._calls(2 * inter, k, "swiglu", 1, w, 1e-5, interleave)
+    plain = swiglu_gemm.deinterleave_gate_up(w, interleave) if interleave else w
+    expected = gemv.add_rms_norm_gemv_ref(x, None, torch.ones(k), 1e-5, plain, swiglu=True)[0]
+    torch.testing.assert_close(fused(False, w)[0], expected, rtol=1e-4, atol=1e-5)
+    assert unfused(w).shape == (1, inter)

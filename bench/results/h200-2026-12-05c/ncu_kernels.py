@@ -1,7 +1,8 @@
 """For Nsight Compute (ncu): each one-row projection of a Llama-2-7B layer, in the configuration the
 engine's autotuner chose on H200s (the single-stream JSONs' tuned_configs), once each, without dependent
-launch; then a plain read-only stream (bench/read_ceiling.py's kernel) and a device-to-device copy, as
-references for what the memory system gives. Run from the project root with bench/ on the path."""
+launch, and gate/up's matrix read as a plain norm projection; then a plain read-only stream
+(bench/read_ceiling.py's kernel) and a device-to-device copy, as references for what the memory system
+gives. Run from the project root with bench/ on the path."""
 import torch
 
 from bento_pagedllm.kernels import gemv
@@ -24,6 +25,9 @@ calls = [
     ("o", lambda: gemv.gemv(x, o, x, config={"BLOCK_N": 8, "BLOCK_K": 512, "num_warps": 4})),
     ("gate_up", lambda: gemv.add_rms_norm_gemv(x, None, g, eps, gate_up, swiglu=True, interleave=128,
                                                config={"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4})),
+    # the same matrix read as a plain norm projection (q/k/v's and the LM head's tile): one row stream a program
+    ("gate_up_as_norm", lambda: gemv.add_rms_norm_gemv(x, None, g, eps, gate_up,
+                                                       config={"BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 8})),
     ("down", lambda: gemv.gemv(act, down, x, config={"BLOCK_N": 4, "BLOCK_K": 1024, "num_warps": 4})),
 ]
 big = torch.rand(1 << 30, device="cuda", dtype=dtype)  # 2 GiB
