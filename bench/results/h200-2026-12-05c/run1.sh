@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# One H200 call (thirty-seventh session): (1) the polled combine against main on an H200 (the thirty-sixth
-# session's run3.sh: its GPU test, then single stream in the order poll, relaxed, main, main, relaxed, poll, the
-# first three profiled); (2) what a read-only stream reaches (bench/read_ceiling.py) against the copy
-# bandwidth; (3) Nsight Compute on each one-row projection of a 7B layer, a read-only stream and a copy
-# (ncu_kernels.py here); (4) bench/gemv.py at one row, the 7B's projections in a graph with dependent launch; (2)-(4) are run2.sh.
-# Needs ab/main, ab/poll, ab/relaxed (../h200-2026-12-05b/README.md says how to build them) and .whl.
+# One H200 call (thirty-seventh session; fma added in the thirty-ninth):
+# (1) the polled combine and the FMA projections against main on an H200: the polled combine's GPU test, then
+#     Llama-2-7B single stream in the order poll, relaxed, fma, main, main, fma, relaxed, poll (the first four
+#     profiled), and bench/gemv.py at one row on ab/fma;
+# (2)-(4) run2.sh: what a read-only stream reaches (bench/read_ceiling.py) against the copy bandwidth; Nsight
+#     Compute on each one-row projection of a 7B layer, a read-only stream and a copy (ncu_kernels.py here);
+#     bench/gemv.py at one row on main, the 7B's projections in a graph with dependent launch.
+# Needs ab/main, ab/poll, ab/relaxed, ab/fma and .whl: prepare.sh builds them.
 set -uo pipefail
 out=$1; mkdir -p $out; w=/tmp/w; mkdir -p $w; here=bench/results/h200-2026-12-05c
 pack() { tar czf $out/run1.tgz -C $w --exclude='*.trace.json' --exclude='*.ncu-rep' .; }
@@ -16,12 +18,14 @@ nvidia-smi > $w/nvidia-smi.txt 2>&1
 (cd ab/poll && PYTHONPATH=/tmp/site:$PWD timeout 100 python3 -m pytest -q -p no:cacheprovider \
   tests/gpu/test_kernels_gpu.py -k polled) > $w/gpu_tests_poll.log 2>&1
 echo "polled test rc=$?" | tee -a $w/session.log
-n=0; for v in poll relaxed main main relaxed poll; do n=$((n+1))
-  prof=$([ $n -le 3 ] && echo "--profile-dir $w/prof_${n}_$v")
+n=0; for v in poll relaxed fma main main fma relaxed poll; do n=$((n+1))
+  prof=$([ $n -le 4 ] && echo "--profile-dir $w/prof_${n}_$v")
   PYTHONPATH=$PWD/ab/$v:/tmp/site:$PWD step single_stream_${n}_$v 100 python3 bench/single_stream.py --models llama2-7b \
     --peers none --runs 3 $prof --out $w/single_stream_${n}_$v.json
   [ -n "$prof" ] && python3 bench/trace_steps.py $w/prof_${n}_$v/profile_llama2-7b.trace.json > $w/trace_${n}_$v.txt 2>&1
   [ -n "$prof" ] && python3 bench/results/h200-2026-12-05/starts.py $w/prof_${n}_$v/profile_llama2-7b.trace.json > $w/starts_${n}_$v.txt 2>&1
 done
+PYTHONPATH=$PWD/ab/fma:/tmp/site:$PWD:$PWD/bench step gemv_fma 150 python3 bench/gemv.py --rows 1 --shapes llama2-7b \
+  --interleave 0,4,128 --out $w/gemv_fma.json
 pack
 bash $here/run2.sh $out  # the probes, into the same /tmp/w (run2.tgz then holds everything)
