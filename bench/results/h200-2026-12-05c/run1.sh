@@ -15,10 +15,13 @@ step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONUNBUFFERED=1
 nvidia-smi > $w/nvidia-smi.txt 2>&1
-(cd ab/poll && PYTHONPATH=/tmp/site:$PWD timeout 100 python3 -m pytest -q -p no:cacheprovider \
-  tests/gpu/test_kernels_gpu.py -k polled) > $w/gpu_tests_poll.log 2>&1
-echo "polled test rc=$?" | tee -a $w/session.log
-n=0; for v in poll relaxed fma main main fma relaxed poll; do n=$((n+1))
+order=${ORDER:-poll relaxed fma main main fma relaxed poll}  # ORDER="fma main main fma": the FMA variant alone
+if [[ " $order " == *" poll "* ]]; then
+  (cd ab/poll && PYTHONPATH=/tmp/site:$PWD timeout 100 python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_kernels_gpu.py -k polled) > $w/gpu_tests_poll.log 2>&1
+  echo "polled test rc=$?" | tee -a $w/session.log
+fi
+n=0; for v in $order; do n=$((n+1))
   prof=$([ $n -le 4 ] && echo "--profile-dir $w/prof_${n}_$v")
   PYTHONPATH=$PWD/ab/$v:/tmp/site:$PWD step single_stream_${n}_$v 100 python3 bench/single_stream.py --models llama2-7b \
     --peers none --runs 3 $prof --out $w/single_stream_${n}_$v.json
