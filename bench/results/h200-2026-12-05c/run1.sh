@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call (thirty-seventh session; fma added in the thirty-ninth):
 # (1) the polled combine and the FMA projections against main on an H200: the polled combine's GPU test, then
-#     Llama-2-7B single stream in the order poll, relaxed, fma, main, main, fma, relaxed, poll (the first four
-#     profiled), and bench/gemv.py at one row on ab/fma;
+#     Llama-2-7B single stream in the order poll, relaxed, main, main, relaxed, poll (the first four profiled;
+#     ORDER changes it: with fma, bench/gemv.py at one row on ab/fma too);
 # (2)-(4) run2.sh: what a read-only stream reaches (bench/read_ceiling.py) against the copy bandwidth; Nsight
 #     Compute on each one-row projection of a 7B layer, a read-only stream and a copy (ncu_kernels.py here);
 #     bench/gemv.py at one row on main, the 7B's projections in a graph with dependent launch.
@@ -15,7 +15,7 @@ step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONUNBUFFERED=1
 nvidia-smi > $w/nvidia-smi.txt 2>&1
-order=${ORDER:-poll relaxed fma main main fma relaxed poll}  # ORDER="fma main main fma": the FMA variant alone
+order=${ORDER:-poll relaxed main main relaxed poll}  # fma: no gain on an H100 (run1_h100); ORDER adds it back
 if [[ " $order " == *" poll "* ]]; then
   (cd ab/poll && PYTHONPATH=/tmp/site:$PWD timeout 100 python3 -m pytest -q -p no:cacheprovider \
     tests/gpu/test_kernels_gpu.py -k polled) > $w/gpu_tests_poll.log 2>&1
@@ -28,7 +28,7 @@ n=0; for v in $order; do n=$((n+1))
   [ -n "$prof" ] && python3 bench/trace_steps.py $w/prof_${n}_$v/profile_llama2-7b.trace.json > $w/trace_${n}_$v.txt 2>&1
   [ -n "$prof" ] && python3 bench/results/h200-2026-12-05/starts.py $w/prof_${n}_$v/profile_llama2-7b.trace.json > $w/starts_${n}_$v.txt 2>&1
 done
-PYTHONPATH=$PWD/ab/fma:/tmp/site:$PWD:$PWD/bench step gemv_fma 150 python3 bench/gemv.py --rows 1 --shapes llama2-7b \
+[[ " $order " == *" fma "* ]] && PYTHONPATH=$PWD/ab/fma:/tmp/site:$PWD:$PWD/bench step gemv_fma 150 python3 bench/gemv.py --rows 1 --shapes llama2-7b \
   --interleave 0,4,128 --out $w/gemv_fma.json
 pack
 bash $here/run2.sh $out  # the probes, into the same /tmp/w (run2.tgz then holds everything)
