@@ -239,7 +239,8 @@ def test_the_read_ceilings_kernel_sums_every_chunk_it_is_timed_on(monkeypatch):
 @pytest.mark.parametrize("interleave", [0, 4, 16])
 def test_the_projection_benchmark_times_gate_up_in_the_layout_it_names(interleave):
     """bench/gemv.py --interleave: the fused gate/up it times reads W's rows in that layout (interleaved in
-    blocks of `interleave`), which the unfused line's activation reads too (under Triton's interpreter)."""
+    blocks of `interleave`), against the reference on the de-interleaved W (under Triton's interpreter); the
+    unfused line, whose input also adds a residual, runs in the same layout."""
     import torch
 
     from bento_pagedllm.kernels import gemv, swiglu_gemm

@@ -4,7 +4,7 @@
 # ab/relaxed (poll + relaxed GPU-scope loads), ab/fma (variant_fma.diff: the one-row projections' products and
 # squares summed by explicit FMAs, ~20% fewer instructions in their loops), and .whl (`make gpu-wheels`). Then one call:
 #   run: `bash bench/results/h200-2026-12-05c/run1.sh $OUT/run1`, kind nvidia-h200, carry [".whl", "ab"]
-# (about 8 minutes; run2.sh alone, carrying .whl only, is the probes for any GPU, about 4 minutes).
+# (about 4-5 minutes: 256 s on an H100 with fma too; run2.sh alone, carrying .whl only, is the probes for any GPU, about 4 minutes).
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 variants=bench/results/h200-2026-12-05b
