@@ -53,6 +53,11 @@ SHAPES = {
 PROMPT, NEW = 128, 256
 
 
+def single_stream_prompt() -> list[int]:
+    """The benchmark's prompt: PROMPT random token ids, the same in every run and for every peer."""
+    return torch.randint(100, 30000, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
 def copy_bandwidth() -> float:
     """Bytes read + written per second by a 4 GiB device-to-device copy."""
     src = torch.empty(1 << 30, dtype=torch.float32, device="cuda")
@@ -161,10 +166,33 @@ def bench_transformers(path: str, prompt: list[int], runs: int, compiled: bool) 
     return {"warmup_s": warmup, "ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode)}
 
 
+def bench_vllm(shape: str, runs: int, requests: str | None, out_dir: str) -> dict:
+    """vLLM on the same shape and prompt, in its own process (bench/vllm_peer.py: vLLM is no dependency of
+    the project; VLLM_PYTHONPATH, if set, goes first on that process's PYTHONPATH); with `requests`, the
+    same process then runs that workload offline. Started after the engine has freed the GPU."""
+    import subprocess
+    import sys
+
+    out = os.path.join(out_dir, f"vllm_{shape}.json")
+    env = dict(os.environ)
+    if os.environ.get("VLLM_PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.environ["VLLM_PYTHONPATH"], env.get("PYTHONPATH")]))
+    command = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_peer.py"),
+               "--shape", shape, "--runs", str(runs), "--out", out] + (["--requests", requests] if requests else [])
+    if subprocess.run(command, env=env).returncode != 0:  # NOTE: the engine's figures are kept either way
+        return {"error": f"vllm_peer.py failed: {' '.join(command)}"}
+    with open(out) as f:
+        result = json.load(f)
+    return dict(result.pop("single_stream"), **result)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", nargs="+", default=list(SHAPES))
-    parser.add_argument("--peers", default="eager,compile", help="transformers paths to run: eager,compile or none")
+    parser.add_argument("--peers", default="eager,compile",
+                        help="peers to run, comma-separated: eager and compile (transformers), vllm; or none")
+    parser.add_argument("--vllm-requests", default=None,
+                        help="with the vllm peer: its process also runs this workload offline (serve.py's JSONL)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", default=None)
     parser.add_argument("--profile-dir", default=None, help="write a torch.profiler table per model here")
@@ -178,7 +206,7 @@ def main() -> None:
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
     bandwidth = copy_bandwidth()
-    prompt = torch.randint(100, 30000, (PROMPT,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = single_stream_prompt()
     results = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
                "torch": torch.__version__, "copy_bandwidth_tbs": bandwidth / 1e12,
                "tensor_parallel_size": args.tensor_parallel_size, "peer_all_reduce": args.peer_all_reduce, "models": {}}
@@ -200,9 +228,16 @@ def main() -> None:
             save(results, args.out)  # NOTE: what is measured so far survives a time limit
             entry[f"transformers_{peer}"] = bench_transformers(path, prompt, args.runs, compiled=peer == "compile")
             print(json.dumps({name: {peer: entry[f"transformers_{peer}"]}}), flush=True)
+        if "vllm" in args.peers.split(","):
+            save(results, args.out)
+            entry["vllm"] = bench_vllm(name, args.runs, args.vllm_requests,
+                                       os.path.dirname(os.path.abspath(args.out)) if args.out else tempfile.mkdtemp())
         ours = entry["engine"]["decode_tok_s"]
         entry["ratios"] = {"engine_vs_roofline": ours / entry["roofline_tok_s"], **{
-            f"engine_vs_{k}": ours / v["decode_tok_s"] for k, v in entry.items() if k.startswith("transformers_")}}
+            f"engine_vs_{k}": ours / v["decode_tok_s"] for k, v in entry.items()
+            if (k.startswith("transformers_") or k == "vllm") and "decode_tok_s" in v}}
+        if "decode_tok_s" in entry.get("vllm", {}):
+            entry["ratios"]["vllm_vs_roofline"] = entry["vllm"]["decode_tok_s"] / entry["roofline_tok_s"]
         print(json.dumps({name: entry}, indent=2), flush=True)
     save(results, args.out)
 
