@@ -392,21 +392,23 @@ case $part in
     run transformers_cb_llama2-7b $(( ${DEADLINE:-120} + 60 )) $PY bench/serve.py --mode transformers --shape llama2-7b --requests $R --deadline ${DEADLINE:-120} --out "$out/transformers_cb_llama2-7b.json"
     ;;
   vllm_ours)
-    # issues 4 and 5 beside vLLM, call 1 of 2 on one warm machine: the engine's offline figures (Llama-2-7B
-    # with the settings of record, Llama-3-8B with vLLM's batch settings); the call also carries the first
-    # part of the trimmed vLLM package (.vllm1, git-ignored: ../shared/peers/VLLM.md says how it is made)
+    # issues 4 and 5 beside vLLM, on one warm machine: the engine's offline figures (Llama-2-7B with the
+    # settings of record, Llama-3-8B with vLLM's batch settings). The calls that run it also carry the first
+    # parts of the trimmed vLLM package (.vllm1, .vllm2: git-ignored, ~33 MiB each, for the 64 MiB a call
+    # allows; ../shared/peers/VLLM.md says how the package is made)
     run serve_offline_llama2-7b 100 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
     run serve_offline_llama3-8b 100 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
     ;;
   vllm)
-    # call 2: vLLM 0.26.0 unpacked from the two carried parts (.vllm1 left by call 1, .vllm2 with its wheels),
+    # the last call: vLLM 0.26.0 unpacked from the carried parts (.vllm1 and .vllm2 left by earlier calls,
+    # .vllm3 with the last part, the checksum and vLLM's wheels),
     # then single stream of the engine and of vLLM, both shapes, in one run (bench/vllm_peer.py; vLLM's
     # process also runs the 500 requests offline, for the engine's figures of call 1)
     if [ ! -d /tmp/vllm/vllm ]; then
-      cat .vllm1/vllm.tar.xz.part* .vllm2/vllm.tar.xz.part* > /tmp/vllm.tar.xz || exit 1
-      echo "$(cat .vllm2/sha256)  /tmp/vllm.tar.xz" | sha256sum -c - | tee -a "$out/session.log" || exit 1
+      cat .vllm1/vllm.tar.xz.part* .vllm2/vllm.tar.xz.part* .vllm3/vllm.tar.xz.part* > /tmp/vllm.tar.xz || exit 1
+      echo "$(cat .vllm3/sha256)  /tmp/vllm.tar.xz" | sha256sum -c - | tee -a "$out/session.log" || exit 1
       mkdir -p /tmp/vllm && tar -xJf /tmp/vllm.tar.xz -C /tmp/vllm && rm /tmp/vllm.tar.xz
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vsite .vllm2/deps/*.whl
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vsite .vllm3/deps/*.whl
     fi
     VLLM_PYTHONPATH=/tmp/vllm:/tmp/vsite run single_stream_vllm 540 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers vllm --vllm-requests $R --runs 3 --out "$out/single_stream_vllm.json"
     ;;
