@@ -391,26 +391,37 @@ case $part in
       run serve_offline_llama3-8b_$n 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_$n.json"; done
     run transformers_cb_llama2-7b $(( ${DEADLINE:-120} + 60 )) $PY bench/serve.py --mode transformers --shape llama2-7b --requests $R --deadline ${DEADLINE:-120} --out "$out/transformers_cb_llama2-7b.json"
     ;;
-  vllm_ours)
-    # issues 4 and 5 beside vLLM, on one warm machine: the engine's offline figures (Llama-2-7B with the
-    # settings of record, Llama-3-8B with vLLM's batch settings). The calls that run it also carry the first
-    # parts of the trimmed vLLM package (.vllm1, .vllm2: git-ignored, ~33 MiB each, for the 64 MiB a call
-    # allows; ../shared/peers/VLLM.md says how the package is made)
-    run serve_offline_llama2-7b 100 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
-    run serve_offline_llama3-8b 100 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
-    ;;
-  vllm)
-    # the last call: vLLM 0.26.0 unpacked from the carried parts (.vllm1 and .vllm2 left by earlier calls,
-    # .vllm3 with the last part, the checksum and vLLM's wheels),
-    # then single stream of the engine and of vLLM, both shapes, in one run (bench/vllm_peer.py; vLLM's
-    # process also runs the 500 requests offline, for the engine's figures of call 1)
-    if [ ! -d /tmp/vllm/vllm ]; then
-      cat .vllm1/vllm.tar.xz.part* .vllm2/vllm.tar.xz.part* .vllm3/vllm.tar.xz.part* > /tmp/vllm.tar.xz || exit 1
-      echo "$(cat .vllm3/sha256)  /tmp/vllm.tar.xz" | sha256sum -c - | tee -a "$out/session.log" || exit 1
-      mkdir -p /tmp/vllm && tar -xJf /tmp/vllm.tar.xz -C /tmp/vllm && rm /tmp/vllm.tar.xz
-      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vsite .vllm3/deps/*.whl
-    fi
-    VLLM_PYTHONPATH=/tmp/vllm:/tmp/vsite run single_stream_vllm 540 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers vllm --vllm-requests $R --runs 3 --out "$out/single_stream_vllm.json"
+  vllm_ours|vllm_stash|vllm|vllm_async_ours|vllm_async)
+    # issues 4 and 5 beside vLLM 0.26.0, over several calls to one warm machine. vLLM's trimmed package
+    # (../shared/peers/VLLM.md says how it is made) travels in three git-ignored parts, .vllm1 and .vllm2
+    # (~33 MiB each) and .vllm3 (the last part, its checksum and vLLM's wheels), one a call (the tree takes
+    # ~25 of the 64 MiB a call allows); a carried folder is gone at the next call, so each call first moves
+    # its part to /tmp/parts, which lasts while the machine stays warm (30 s between calls). Order: vllm_ours
+    # (carry .vllm1), vllm_stash (.vllm2), vllm (.vllm3); or vllm_async_ours, vllm_stash, vllm_async.
+    mkdir -p /tmp/parts
+    for d in .vllm1 .vllm2 .vllm3; do [ -d $d ] && cp -r $d/. /tmp/parts/; done
+    unpack_vllm() {  # NOTE: once per machine
+      [ -d /tmp/vllm/vllm ] && return 0
+      cat /tmp/parts/vllm.tar.xz.part* > /tmp/vllm.tar.xz || return 1
+      echo "$(cat /tmp/parts/sha256)  /tmp/vllm.tar.xz" | sha256sum -c - | tee -a "$out/session.log" || return 1
+      mkdir -p /tmp/vllm && tar -xJf /tmp/vllm.tar.xz -C /tmp/vllm && rm /tmp/vllm.tar.xz || return 1
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vsite /tmp/parts/deps/*.whl
+    }
+    ls -la /tmp/parts > "$out/parts.log"
+    case $part in
+      vllm_ours)  # the engine offline: Llama-2-7B with the settings of record, Llama-3-8B with vLLM's batch settings
+        run serve_offline_llama2-7b 100 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+        run serve_offline_llama3-8b 100 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json" ;;
+      vllm)  # single stream of the engine and of vLLM, both shapes, in one run; vLLM's process also runs $R offline
+        unpack_vllm || exit 1
+        VLLM_PYTHONPATH=/tmp/vllm:/tmp/vsite run single_stream_vllm 540 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers vllm --vllm-requests $R --runs 3 --out "$out/single_stream_vllm.json" ;;
+      vllm_async_ours)  # the engine's AsyncLLMEngine in-process (no HTTP), Llama-2-7B, at 10, 20 and 40 req/s
+        for rate in 10 20 40; do
+          run async_ours_rate$rate 120 $PY bench/serve.py --mode async --shape llama2-7b --requests bench/data/requests_rate$rate.jsonl --dtype bfloat16 $BIG --out "$out/async_ours_rate$rate.json"; done ;;
+      vllm_async)  # vLLM's AsyncLLM in-process, same workloads, one engine
+        unpack_vllm || exit 1
+        PYTHONPATH=/tmp/vllm:/tmp/vsite:$PYTHONPATH run async_vllm 500 $PY bench/vllm_peer.py --shape llama2-7b --async-requests bench/data/requests_rate10.jsonl bench/data/requests_rate20.jsonl bench/data/requests_rate40.jsonl --out "$out/async_vllm.json" ;;
+    esac
     ;;
   tp4)
     # issue 7 on nvidia-h200-x4: Llama-2-70B shape (random bf16) single stream against the 4-GPU roofline (target 70%)

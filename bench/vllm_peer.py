@@ -12,6 +12,10 @@ torch.compile, full CUDA graphs, prefix caching, chunked prefill), random (`dumm
 - offline: every request of --requests at once through one `generate`, each with its own `max_tokens`,
   after a warm-up of the workload's first requests (as serve.py warms the engine). Only the whole run's
   time is known, so latencies are end to end.
+- async (--async-requests, instead of the two above): vLLM's AsyncLLM in-process with the settings
+  `vllm serve` takes (its API server's defaults), each request sent at its arrival time and streamed token
+  by token, as serve.py's `--mode async` drives the engine's AsyncLLMEngine (same replay, same report);
+  the files run one after another through one engine, each after the same warm-up.
 
     PYTHONPATH=/tmp/vllm:/tmp/vsite python bench/vllm_peer.py --shape llama2-7b --runs 3 \
         --requests bench/data/requests.jsonl --out vllm_llama2-7b.json
@@ -29,14 +33,17 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling bench modules
 
-from serve import load, report, warm_up_requests  # noqa: E402
+from serve import load, replay, report, warm_up_requests  # noqa: E402
 from single_stream import NEW, SHAPES, config_dir, single_stream_prompt  # noqa: E402
 
 
-def greedy(max_tokens: int):
+def greedy(max_tokens: int, stream: bool = False):
+    """`stream`: each output carries only the tokens new since the last one (what a streaming client reads)."""
     from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
+    kind = RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False, output_kind=kind)
 
 
 def single_stream(llm, runs: int) -> dict:
@@ -78,9 +85,48 @@ def offline(llm, requests: list[dict]) -> dict:
                                          "latencies": "end to end only (one generate call)"})
 
 
+def run_async(path: str, files: list[str]) -> tuple[object, dict]:
+    """Each file's requests at their arrival times through one AsyncLLM; (the engine, {file: report})."""
+    import asyncio
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(model=path, load_format="dummy", skip_tokenizer_init=True,
+                                                       dtype="bfloat16"),
+                                       usage_context=UsageContext.OPENAI_API_SERVER)
+
+    async def send(r, record):
+        async for out in engine.generate({"prompt_token_ids": r["prompt_ids"]}, greedy(r["max_tokens"], stream=True),
+                                         request_id=f"{record.get('round', '')}{r['id']}"):
+            record["tokens"] += [time.perf_counter()] * len(out.outputs[0].token_ids)
+            record["ok"] = out.finished and len(record["tokens"]) == r["max_tokens"]
+
+    async def main():
+        reports = {}
+        for number, file in enumerate(files):  # NOTE: request ids stay unique across the files' runs
+            requests = load(file, None)
+            await asyncio.gather(*(send(r, {"tokens": [], "round": f"w{number}-"}) for r in warm_up_requests(requests)))
+
+            async def send_round(r, record, number=number):
+                record["round"] = f"r{number}-"
+                await send(r, record)
+
+            records, wall = await replay(requests, send_round)
+            for record in records:
+                record.pop("round", None)
+            reports[file] = dict(num_requests=len(requests),
+                                 **report(records, wall, {"peer": "vLLM AsyncLLM in-process, streamed, no HTTP"}))
+            print(json.dumps({file: {k: reports[file][k] for k in ("completed", "request_throughput")}}), flush=True)
+        return reports
+
+    return engine, asyncio.run(main())
+
+
 def vllm_settings(llm) -> dict:
     """What vLLM chose for itself (its defaults depend on the GPU and on the entry point)."""
-    config = llm.llm_engine.vllm_config
+    config = llm.llm_engine.vllm_config if hasattr(llm, "llm_engine") else llm.vllm_config
     settings = {}
     for name, getter in {
         "max_num_seqs": lambda: config.scheduler_config.max_num_seqs,
@@ -104,6 +150,8 @@ def main() -> None:
     parser.add_argument("--shape", required=True, choices=sorted(SHAPES))
     parser.add_argument("--runs", type=int, default=3, help="single-stream runs (0: none)")
     parser.add_argument("--requests", default=None, help="also run this workload offline (JSONL, serve.py's)")
+    parser.add_argument("--async-requests", nargs="+", default=None,
+                        help="instead: these workloads (with arrival times) through vLLM's AsyncLLM, one after another")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")  # NOTE: flashinfer is not installed there
@@ -112,6 +160,14 @@ def main() -> None:
     from vllm import LLM
 
     started = time.perf_counter()
+    if args.async_requests:
+        engine, reports = run_async(config_dir(SHAPES[args.shape]), args.async_requests)
+        result = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "shape": args.shape,
+                  "vllm": vllm.__version__, "torch": torch.__version__, "settings": vllm_settings(engine),
+                  "async": reports}
+        engine.shutdown()
+        save(result, args.out)
+        return
     llm = LLM(model=config_dir(SHAPES[args.shape]), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16")
     result = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "shape": args.shape,
               "vllm": vllm.__version__, "torch": torch.__version__, "startup_s": time.perf_counter() - started,
@@ -122,10 +178,14 @@ def main() -> None:
     if args.requests:
         requests = load(args.requests, None)
         result["offline"] = dict(report_of=args.requests, num_requests=len(requests), **offline(llm, requests))
+    save(result, args.out)
+
+
+def save(result: dict, out: str | None) -> None:
     text = json.dumps(result, indent=2)
     print(text, flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text + "\n")
 
 
