@@ -27,14 +27,13 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling bench modules
 
 from serve import load, replay, report, warm_up_requests  # noqa: E402
-from single_stream import NEW, SHAPES, config_dir, single_stream_prompt  # noqa: E402
+from single_stream import NEW, SHAPES, config_dir, single_stream_prompt, time_generate  # noqa: E402
 
 
 def greedy(max_tokens: int, stream: bool = False):
@@ -57,13 +56,7 @@ def single_stream(llm, runs: int) -> dict:
         return elapsed
 
     generate(NEW)  # warm-up
-    ttft, decode = [], []
-    for _ in range(runs):
-        first = generate(1)
-        full = generate(NEW)
-        ttft.append(first)
-        decode.append((NEW - 1) / (full - first))
-    return {"ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode), "runs": runs}
+    return dict(time_generate(generate, runs), runs=runs)
 
 
 def offline(llm, requests: list[dict]) -> dict:
