@@ -158,8 +158,8 @@ def main() -> None:
         result = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "shape": args.shape,
                   "vllm": vllm.__version__, "torch": torch.__version__, "settings": vllm_settings(engine),
                   "async": reports}
-        engine.shutdown()
         save(result, args.out)
+        engine.shutdown()
         return
     llm = LLM(model=config_dir(SHAPES[args.shape]), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16")
     result = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "shape": args.shape,
