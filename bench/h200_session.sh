@@ -415,12 +415,12 @@ case $part in
       vllm)  # single stream of the engine and of vLLM, both shapes, in one run; vLLM's process also runs $R offline
         unpack_vllm || exit 1
         VLLM_PYTHONPATH=/tmp/vllm:/tmp/vsite run single_stream_vllm 540 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers vllm --vllm-requests $R --runs 3 --out "$out/single_stream_vllm.json" ;;
-      vllm_async_ours)  # the engine's AsyncLLMEngine in-process (no HTTP), Llama-2-7B, at 10, 20 and 40 req/s
-        for rate in 10 20 40; do
+      vllm_async_ours)  # the engine's AsyncLLMEngine in-process (no HTTP), Llama-2-7B, at 10, 20 and 40 req/s (RATES)
+        for rate in ${RATES:-10 20 40}; do
           run async_ours_rate$rate 120 $PY bench/serve.py --mode async --shape llama2-7b --requests bench/data/requests_rate$rate.jsonl --dtype bfloat16 $BIG --out "$out/async_ours_rate$rate.json"; done ;;
       vllm_async)  # vLLM's AsyncLLM in-process, same workloads, one engine
         unpack_vllm || exit 1
-        PYTHONPATH=/tmp/vllm:/tmp/vsite:$PYTHONPATH run async_vllm 500 $PY bench/vllm_peer.py --shape llama2-7b --async-requests bench/data/requests_rate10.jsonl bench/data/requests_rate20.jsonl bench/data/requests_rate40.jsonl --out "$out/async_vllm.json" ;;
+        PYTHONPATH=/tmp/vllm:/tmp/vsite:$PYTHONPATH run async_vllm 500 $PY bench/vllm_peer.py --shape llama2-7b --async-requests $(for rate in ${RATES:-10 20 40}; do echo bench/data/requests_rate$rate.jsonl; done) --out "$out/async_vllm.json" ;;
     esac
     ;;
   tp4)
