@@ -393,7 +393,7 @@ case $part in
     ;;
   vllm_ours|vllm_stash|vllm|vllm_async_ours|vllm_async)
     # issues 4 and 5 beside vLLM 0.26.0, over several calls to one warm machine. vLLM's trimmed package
-    # (../shared/peers/VLLM.md says how it is made) travels in three git-ignored parts, .vllm1 and .vllm2
+    # (`bash bench/vllm_pack.sh` makes it here) travels in three git-ignored parts, .vllm1 and .vllm2
     # (~33 MiB each) and .vllm3 (the last part, its checksum and vLLM's wheels), one a call (the tree takes
     # ~25 of the 64 MiB a call allows); a carried folder is gone at the next call, so each call first moves
     # its part to /tmp/parts, which lasts while the machine stays warm (30 s between calls). Order: vllm_ours
