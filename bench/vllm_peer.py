@@ -1,8 +1,8 @@
 """vLLM beside the engine, on the same GPU in the same call: the peer that issues 4 and 5 name.
 
-vLLM is not a dependency of the project: on the GPU machine it travels as a trimmed package (see
-`bench/h200_session.sh vllm`, and ../shared/peers/VLLM.md for how it was installed there), so this file
-runs in its own process with vLLM on PYTHONPATH. It measures what bench/single_stream.py and bench/serve.py
+vLLM is not a dependency of the project: on the GPU machine it travels as a trimmed package
+(`bench/vllm_pack.sh` makes it, `bench/h200_session.sh vllm` unpacks it), so this file runs in its own
+process with vLLM on PYTHONPATH. It measures what bench/single_stream.py and bench/serve.py
 measure for the engine, on the same inputs, with vLLM's defaults (V1 engine, FlashAttention 3,
 torch.compile, full CUDA graphs, prefix caching, chunked prefill), random (`dummy`) bfloat16 weights:
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import sys
@@ -33,7 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sibling bench modules
 
 from serve import load, replay, report, warm_up_requests  # noqa: E402
-from single_stream import NEW, SHAPES, config_dir, single_stream_prompt, time_generate  # noqa: E402
+from single_stream import NEW, SHAPES, config_dir, save, single_stream_prompt, time_generate  # noqa: E402
 
 
 def greedy(max_tokens: int, stream: bool = False):
@@ -90,25 +91,20 @@ def run_async(path: str, files: list[str]) -> tuple[object, dict]:
                                                        dtype="bfloat16"),
                                        usage_context=UsageContext.OPENAI_API_SERVER)
 
+    request_ids = itertools.count()  # NOTE: unique across the warm-ups and the files' runs
+
     async def send(r, record):
         async for out in engine.generate({"prompt_token_ids": r["prompt_ids"]}, greedy(r["max_tokens"], stream=True),
-                                         request_id=f"{record.get('round', '')}{r['id']}"):
+                                         request_id=str(next(request_ids))):
             record["tokens"] += [time.perf_counter()] * len(out.outputs[0].token_ids)
             record["ok"] = out.finished and len(record["tokens"]) == r["max_tokens"]
 
     async def main():
         reports = {}
-        for number, file in enumerate(files):  # NOTE: request ids stay unique across the files' runs
+        for file in files:
             requests = load(file, None)
-            await asyncio.gather(*(send(r, {"tokens": [], "round": f"w{number}-"}) for r in warm_up_requests(requests)))
-
-            async def send_round(r, record, number=number):
-                record["round"] = f"r{number}-"
-                await send(r, record)
-
-            records, wall = await replay(requests, send_round)
-            for record in records:
-                record.pop("round", None)
+            await asyncio.gather(*(send(r, {"tokens": []}) for r in warm_up_requests(requests)))
+            records, wall = await replay(requests, send)
             reports[file] = dict(num_requests=len(requests),
                                  **report(records, wall, {"peer": "vLLM AsyncLLM in-process, streamed, no HTTP"}))
             print(json.dumps({file: {k: reports[file][k] for k in ("completed", "request_throughput")}}), flush=True)
@@ -152,34 +148,28 @@ def main() -> None:
     import vllm
     from vllm import LLM
 
-    started = time.perf_counter()
+    def facts(engine) -> dict:
+        return {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "shape": args.shape,
+                "vllm": vllm.__version__, "torch": torch.__version__, "settings": vllm_settings(engine)}
+
+    path = config_dir(SHAPES[args.shape])
     if args.async_requests:
-        engine, reports = run_async(config_dir(SHAPES[args.shape]), args.async_requests)
-        result = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "shape": args.shape,
-                  "vllm": vllm.__version__, "torch": torch.__version__, "settings": vllm_settings(engine),
-                  "async": reports}
-        save(result, args.out)
-        engine.shutdown()
-        return
-    llm = LLM(model=config_dir(SHAPES[args.shape]), load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16")
-    result = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(), "shape": args.shape,
-              "vllm": vllm.__version__, "torch": torch.__version__, "startup_s": time.perf_counter() - started,
-              "settings": vllm_settings(llm)}
-    if args.runs:
-        result["single_stream"] = single_stream(llm, args.runs)
-        print(json.dumps({"single_stream": result["single_stream"]}), flush=True)
-    if args.requests:
-        requests = load(args.requests, None)
-        result["offline"] = dict(report_of=args.requests, num_requests=len(requests), **offline(llm, requests))
+        engine, reports = run_async(path, args.async_requests)
+        result = dict(facts(engine), **{"async": reports})
+    else:
+        started = time.perf_counter()
+        llm = LLM(model=path, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16")
+        result = dict(facts(llm), startup_s=time.perf_counter() - started)
+        if args.runs:
+            result["single_stream"] = single_stream(llm, args.runs)
+            print(json.dumps({"single_stream": result["single_stream"]}), flush=True)
+        if args.requests:
+            requests = load(args.requests, None)
+            result["offline"] = dict(report_of=args.requests, num_requests=len(requests), **offline(llm, requests))
+    print(json.dumps(result, indent=2), flush=True)
     save(result, args.out)
-
-
-def save(result: dict, out: str | None) -> None:
-    text = json.dumps(result, indent=2)
-    print(text, flush=True)
-    if out:
-        with open(out, "w") as f:
-            f.write(text + "\n")
+    if args.async_requests:
+        engine.shutdown()  # NOTE: after the save: the results stand whatever the shutdown does
 
 
 if __name__ == "__main__":
