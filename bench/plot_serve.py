@@ -5,7 +5,8 @@ latencies, one line per engine label. Usage:
         vllm=bench/data/peers/vllm-0.26_async_llama2-7b_rate*.json
 
 The request rate of a run is read from its requests file name (`..._rateR.jsonl`; none means all at t=0,
-drawn at the right edge as "inf").
+drawn at the right edge as "inf"). A file of bench/vllm_peer.py's `--async-requests` holds one result a
+requests file (under "async", keyed by the file): each counts as a run.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ def rate_of(result: dict) -> float:
     return float(match.group(1)) if match else math.inf
 
 
+def runs_in(path: str) -> list[dict]:
+    result = json.load(open(path))
+    if "async" not in result:
+        return [result]
+    return [dict(run, requests_file=run.get("requests_file", file)) for file, run in result["async"].items()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("series", nargs="+", help="LABEL=GLOB of result JSON files")
@@ -44,7 +52,7 @@ def main() -> None:
     series = {}
     for item in args.series:
         label, pattern = item.split("=", 1)
-        results = [json.load(open(path)) for path in sorted(glob.glob(pattern))]
+        results = [run for path in sorted(glob.glob(pattern)) for run in runs_in(path)]
         series[label] = sorted(results, key=rate_of)
         finite_max = max([finite_max] + [rate_of(r) for r in results if rate_of(r) != math.inf])
     for ax, (key, quantiles, title) in zip(axes, PANELS):
