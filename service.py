@@ -10,6 +10,7 @@ only in the serving worker.
 
 from __future__ import annotations
 
+import gc
 import logging
 import signal
 import threading
@@ -87,8 +88,12 @@ class PagedLLM:
 
     def __init__(self) -> None:
         from bento_pagedllm import AsyncLLMEngine
+        from bento_pagedllm.engine import freeze_startup_heap
         from bento_pagedllm.metrics import EngineMetrics
 
+        # NOTE: BentoML's server logging keeps the root logger at WARNING and its own at INFO (DEBUG with
+        # --debug, ERROR with --quiet): the package's records follow BentoML's level, through its handler
+        logging.getLogger("bento_pagedllm").setLevel(logging.getLogger("bentoml").getEffectiveLevel())
         args = SETTINGS.engine_args(self.model.path)
         self.engine = AsyncLLMEngine(
             args, observer=EngineMetrics(SETTINGS.model_name), limits=SETTINGS.request_limits,
@@ -96,6 +101,9 @@ class PagedLLM:
             token_hook=SETTINGS.fault_injection,  # None unless the operator turned it on
         )
         self.engine.start()
+        # NOTE: once the engine runs: the heap built so far (modules, tokenizer, the app) lives as long as the worker
+        frozen = freeze_startup_heap()
+        logger.info("froze the startup heap (%d objects): the collector's full passes skip them", frozen)
         if SETTINGS.generation_config == "auto" and self.engine.prompts.sampling_defaults:
             logger.info("the model's generation_config.json recommends %s: requests that leave these out get them "
                         "(PAGEDLLM_GENERATION_CONFIG=none: OpenAI's defaults)", self.engine.prompts.sampling_defaults)
@@ -135,6 +143,7 @@ class PagedLLM:
     @bentoml.on_shutdown
     def shutdown(self) -> None:
         self.engine.shutdown()
+        gc.unfreeze()  # NOTE: what __init__ froze is collectable again, as after the engine's own shutdown
 
 
 if SETTINGS.api_key:

@@ -474,16 +474,24 @@ case $part in
     SEQS=1024 TOKENS=16384 GRAPH=512 NO_WHEELS=1 RATES="requests requests_rate20 requests_rate40" bash "$0" online "$out/online1024" > "$out/online1024.log" 2>&1
     for f in "$out"/online1024/online_*.json; do cp "$f" "$out/1024_$(basename "$f")"; done
     ;;
+  online_gc_ab)
+    # issue 5's latencies through HTTP, the service as on main against SERVICE_AB's service.py (a folder
+    # holding another version of it), in ABBA order, one server each: Poisson arrivals (RATES)
+    n=0; for v in main ab ab main; do n=$((n + 1))
+      SERVICE_DIR=$([ $v = ab ] && echo "$SERVICE_AB" || echo .) NO_WHEELS=1 RATES="${RATES:-requests_rate40 requests_rate20}" \
+        bash "$0" online "$out/${n}_$v" > "$out/${n}_$v.log" 2>&1; done
+    ;;
   online)
     # a real `bentoml serve service:svc` with random weights of a shape (imported as a config-only model),
-    # then streaming OpenAI requests at t=0 and at Poisson rates; SHAPE and LIMIT override for a smoke test
+    # then streaming OpenAI requests at t=0 and at Poisson rates; SHAPE and LIMIT override for a smoke test;
+    # SERVICE_DIR: where service.py is taken from (the package always from this tree)
     shape=${SHAPE:-llama2-7b}; limit=${LIMIT:+--limit $LIMIT}
     export BENTOML_HOME=$(mktemp -d) PROMETHEUS_MULTIPROC_DIR=$(mktemp -d)
     dir=$($PY -c "import sys; sys.path.insert(0, 'bench'); from serve import shape_dir; print(shape_dir('$shape'))")
     $PY -m bento_pagedllm.loader.store "$dir" --name "$shape" > "$out/import.log" 2>&1
     PAGEDLLM_MODEL=$shape PAGEDLLM_LOAD_FORMAT=dummy PAGEDLLM_MAX_NUM_SEQS=${SEQS:-512} \
       PAGEDLLM_MAX_NUM_BATCHED_TOKENS=${TOKENS:-8192} PAGEDLLM_MAX_GRAPH_BATCH=${GRAPH:-${SEQS:-512}} \
-      $PY -m bentoml serve service:svc --port 3000 > "$out/server.log" 2>&1 &
+      $PY -m bentoml serve service:svc --port 3000 --working-dir "${SERVICE_DIR:-.}" > "$out/server.log" 2>&1 &
     server=$!
     for _ in $(seq 240); do curl -sf localhost:3000/readyz > /dev/null && break; sleep 1; done
     for rates in ${RATES:-requests requests_rate10 requests_rate20 requests_rate40}; do

@@ -184,6 +184,15 @@ def test_vllms_tokenizer_endpoints_at_the_root_and_under_v1(client, server):
     assert httpx.get(f"{server.base}/tokenize", headers=headers).status_code == 405
 
 
+def test_the_worker_froze_its_startup_heap(server):
+    """The serving worker freezes what it built at start-up (torch, transformers, bentoml, the tokenizer), so the
+    collector's full passes, which stop the event loop writing every stream, never traverse it (service.py)."""
+    import re
+
+    frozen = [int(n) for n in re.findall(r"froze the startup heap \((\d+) objects\)", server.log_path.read_text())]
+    assert len(frozen) == 1 and frozen[0] > 50_000  # one worker; its heap holds at least the imported modules
+
+
 def test_vllms_version_endpoint_names_the_installed_package(server):
     from importlib.metadata import version
 
