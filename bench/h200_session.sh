@@ -8,7 +8,7 @@ set -uo pipefail
 part=$1; out=$2; mkdir -p "$out"; out=$(cd "$out" && pwd)  # absolute: some parts run from bench/
 PY=${PY:-python3}
 if [ -z "${NO_WHEELS:-}" ]; then  # on the GPU machine: the missing packages travel as wheels
-  wheels=".whl/*.whl"; case $part in online*) wheels="$wheels .whl-bento/*.whl";; esac
+  wheels=".whl/*.whl"; case $part in online*|record) wheels="$wheels .whl-bento/*.whl";; esac
   [ -n "${PYSPY:-}" ] && wheels="$wheels .whl-debug/*.whl"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels
   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
@@ -379,6 +379,16 @@ case $part in
     order="head ${AB:-} $(echo ${AB:-} | tr ' ' '\n' | tac | tr '\n' ' ') head"
     n=0; for v in $order; do n=$((n + 1)); P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
       PYTHONPATH=$P run single_stream_${n}_$v 120 $PY bench/single_stream.py --models ${MODELS:-llama2-7b smollm2-135m llama3-8b} --peers none --runs 3 --out "$out/single_stream_${n}_$v.json"; done
+    ;;
+  record)
+    # issues 4 and 5's figures of record in one call, most wanted first: single stream (Llama-2-7B, Llama-3-8B),
+    # Llama-3-8B offline twice (vLLM's batch settings), Llama-2-7B offline once, then through HTTP (a real
+    # `bentoml serve`) at t=0, 20 and 40 req/s
+    run single_stream 150 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream.json"
+    for n in 1 2; do
+      run serve_offline_llama3-8b_$n 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b_$n.json"; done
+    run serve_offline_llama2-7b 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
+    NO_WHEELS=1 RATES="${RATES:-requests requests_rate20 requests_rate40}" bash "$0" online "$out/online" > "$out/online.log" 2>&1
     ;;
   session_figures)
     # issues 4 and 5, one call: single stream (three shapes), Llama-2-7B offline twice and Llama-3-8B offline
