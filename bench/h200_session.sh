@@ -8,7 +8,7 @@ set -uo pipefail
 part=$1; out=$2; mkdir -p "$out"; out=$(cd "$out" && pwd)  # absolute: some parts run from bench/
 PY=${PY:-python3}
 if [ -z "${NO_WHEELS:-}" ]; then  # on the GPU machine: the missing packages travel as wheels
-  wheels=".whl/*.whl"; case $part in online*|record) wheels="$wheels .whl-bento/*.whl";; esac
+  wheels=".whl/*.whl"; case $part in online*|record|ttft_paths) wheels="$wheels .whl-bento/*.whl";; esac
   [ -n "${PYSPY:-}" ] && wheels="$wheels .whl-debug/*.whl"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels
   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
@@ -389,6 +389,16 @@ case $part in
       run serve_offline_llama3-8b_$n 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b_$n.json"; done
     run serve_offline_llama2-7b 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
     NO_WHEELS=1 RATES="${RATES:-requests requests_rate20 requests_rate40}" bash "$0" online "$out/online" > "$out/online.log" 2>&1
+    ;;
+  ttft_paths)
+    # issue 5: where time to first token goes under load, by path, same machine, Poisson arrivals (RATES, default
+    # 40 then 20 req/s): the AsyncLLMEngine in-process with the engine on a thread, then in its own process
+    # (pipe and threads, no HTTP), then a real `bentoml serve` (engine process, HTTP); each client also
+    # reports its own event loop's lag
+    for rate in ${RATES:-40 20}; do
+      for path in thread process; do flag=$([ $path = process ] && echo --engine-process)
+        run async_${path}_rate$rate 120 $PY bench/serve.py --mode async $flag --shape llama2-7b --requests bench/data/requests_rate$rate.jsonl --dtype bfloat16 $BIG --out "$out/async_${path}_rate$rate.json"; done; done
+    NO_WHEELS=1 RATES="$(for rate in ${RATES:-40 20}; do echo -n "requests_rate$rate "; done)" bash "$0" online "$out/online" > "$out/online.log" 2>&1
     ;;
   session_figures)
     # issues 4 and 5, one call: single stream (three shapes), Llama-2-7B offline twice and Llama-3-8B offline

@@ -477,8 +477,23 @@ def run_transformers(args, requests) -> dict:
                                                  "transformers": __import__("transformers").__version__})
 
 
-async def replay(requests, send) -> tuple[list[dict], float]:
-    """Send each request at its arrival time; `send(request, record)` fills the record."""
+LAG_PROBE_S = 0.001
+
+
+async def _probe_loop_lag(lags: list[float]) -> None:
+    """How late the client's event loop wakes a 1 ms sleep, over and over: a busy client delays every
+    timestamp it takes, so its lag is part of what the latencies measure (seconds, appended to `lags`)."""
+    while True:
+        asked = time.perf_counter()
+        await asyncio.sleep(LAG_PROBE_S)
+        lags.append(time.perf_counter() - asked - LAG_PROBE_S)
+
+
+async def replay(requests, send) -> tuple[list[dict], float, dict]:
+    """Send each request at its arrival time; `send(request, record)` fills the record. Also returns the
+    client's event-loop lag during the replay (ms: mean, median, p99)."""
+    lags: list[float] = []
+    probe = asyncio.create_task(_probe_loop_lag(lags))
     start = time.perf_counter()
 
     async def one(r):
@@ -493,7 +508,9 @@ async def replay(requests, send) -> tuple[list[dict], float]:
         return record
 
     records = await asyncio.gather(*(one(r) for r in requests))
-    return list(records), time.perf_counter() - start
+    wall = time.perf_counter() - start
+    probe.cancel()
+    return list(records), wall, {name: None if value is None else value * 1e3 for name, value in stats(lags).items()}
 
 
 def run_async(args, requests) -> dict:
@@ -521,17 +538,17 @@ def run_async(args, requests) -> dict:
     async def main():
         await asyncio.gather(*(send(r, {"tokens": []}) for r in warm_up_requests(requests)))
         warm_hits = totals.stats.prefix_hit_tokens
-        records, wall = await replay(requests, send)
-        return records, wall, warm_hits
+        records, wall, lag = await replay(requests, send)
+        return records, wall, lag, warm_hits
 
     preempted_before = totals.preemptions
-    records, wall, warm_hits = asyncio.run(main())
+    records, wall, lag, warm_hits = asyncio.run(main())
     engine.shutdown()  # the engine process or the tensor-parallel workers, if any
     return report(records, wall, {"kv_blocks": totals.stats.kv_blocks_total,
                                   "preemptions": totals.preemptions - preempted_before,
                                   "prefix_hit_tokens": totals.stats.prefix_hit_tokens - warm_hits,
                                   "prefix_caching": not args.no_prefix_caching,
-                                  "engine_process": args.engine_process})
+                                  "engine_process": args.engine_process, "client_loop_lag_ms": lag})
 
 
 def run_online(args, requests) -> dict:
@@ -575,8 +592,8 @@ def run_online(args, requests) -> dict:
             return await replay(requests, send)
 
     cpu = time.process_time()
-    records, wall = asyncio.run(main())
-    return report(records, wall, {"client_cpu_s": time.process_time() - cpu})
+    records, wall, lag = asyncio.run(main())
+    return report(records, wall, {"client_cpu_s": time.process_time() - cpu, "client_loop_lag_ms": lag})
 
 
 def main() -> None:

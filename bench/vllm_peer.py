@@ -104,9 +104,10 @@ def run_async(path: str, files: list[str]) -> tuple[object, dict]:
         for file in files:
             requests = load(file, None)
             await asyncio.gather(*(send(r, {"tokens": []}) for r in warm_up_requests(requests)))
-            records, wall = await replay(requests, send)
+            records, wall, lag = await replay(requests, send)
             reports[file] = dict(requests_file=file, num_requests=len(requests),
-                                 **report(records, wall, {"peer": "vLLM AsyncLLM in-process, streamed, no HTTP"}))
+                                 **report(records, wall, {"peer": "vLLM AsyncLLM in-process, streamed, no HTTP",
+                                                          "client_loop_lag_ms": lag}))
             print(json.dumps({file: {k: reports[file][k] for k in ("completed", "request_throughput")}}), flush=True)
         return reports
 
