@@ -10,6 +10,7 @@ only in the serving worker.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import signal
@@ -104,6 +105,9 @@ class PagedLLM:
         # NOTE: once the engine runs: the heap built so far (modules, tokenizer, the app) lives as long as the worker
         frozen = freeze_startup_heap()
         logger.info("froze the startup heap (%d objects): the collector's full passes skip them", frozen)
+        # NOTE: uvicorn takes uvloop and httptools when they are installed (pyproject): every streamed token
+        # goes through this loop, so say which one it is
+        logger.info("serving on %s's event loop", _event_loop_library())
         if SETTINGS.generation_config == "auto" and self.engine.prompts.sampling_defaults:
             logger.info("the model's generation_config.json recommends %s: requests that leave these out get them "
                         "(PAGEDLLM_GENERATION_CONFIG=none: OpenAI's defaults)", self.engine.prompts.sampling_defaults)
@@ -144,6 +148,14 @@ class PagedLLM:
     def shutdown(self) -> None:
         self.engine.shutdown()
         gc.unfreeze()  # NOTE: what __init__ froze is collectable again, as after the engine's own shutdown
+
+
+def _event_loop_library() -> str:
+    """'uvloop' or 'asyncio': whose event loop runs this thread (none: 'no')."""
+    try:
+        return type(asyncio.get_running_loop()).__module__.split(".")[0]
+    except RuntimeError:
+        return "no"
 
 
 if SETTINGS.api_key:

@@ -193,6 +193,12 @@ def test_the_worker_froze_its_startup_heap(server):
     assert len(frozen) == 1 and frozen[0] > 50_000  # one worker; its heap holds at least the imported modules
 
 
+def test_the_worker_serves_on_uvloop(server):
+    """uvicorn takes uvloop (and httptools) when installed, as pyproject asks: each streamed token is a write
+    through the worker's event loop, which uvloop runs with less CPU a write (BENCHMARKS.md)."""
+    assert "serving on uvloop's event loop" in server.log_path.read_text()
+
+
 def test_vllms_version_endpoint_names_the_installed_package(server):
     from importlib.metadata import version
 
