@@ -83,6 +83,7 @@ vllm_root_app = Starlette(routes=[
     # (PAGEDLLM_REQUEST_TIMEOUT_SECONDS bounds a whole request).
     traffic={"timeout": 600},
     **({"http": SETTINGS.http_config} if SETTINGS.http_config else {}),
+    **({"tracing": SETTINGS.tracing_config} if SETTINGS.tracing_config else {}),
 )
 class PagedLLM:
     model = bentoml.models.BentoModel(SETTINGS.model)

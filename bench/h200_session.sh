@@ -494,6 +494,14 @@ case $part in
     SEQS=1024 TOKENS=16384 GRAPH=512 NO_WHEELS=1 RATES="requests requests_rate20 requests_rate40" bash "$0" online "$out/online1024" > "$out/online1024.log" 2>&1
     for f in "$out"/online1024/online_*.json; do cp "$f" "$out/1024_$(basename "$f")"; done
     ;;
+  online_trace_ab)
+    # issue 5's latencies through HTTP with /v1 out of BentoML's tracing (the default) against traced
+    # (PAGEDLLM_TRACE_REQUESTS=true: an OpenTelemetry span around every streamed chunk), ABBA, one server each
+    n=0; for v in untraced traced traced untraced; do n=$((n + 1))
+      PAGEDLLM_TRACE_REQUESTS=$([ $v = traced ] && echo true || echo false) NO_WHEELS=1 \
+        RATES="${RATES:-requests_rate40 requests_rate20}" bash "$0" online "$out/${n}_$v" > "$out/${n}_$v.log" 2>&1
+      cat "$out/${n}_$v/session.log" >> "$out/session.log"; done
+    ;;
   online_httptools_ab)
     # issue 5's latencies through HTTP with httptools (pyproject asks for it; uvicorn takes it when installed)
     # against h11 (the same wheels less httptools), ABBA, one server each, Poisson arrivals (RATES). NOTE: the

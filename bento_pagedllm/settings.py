@@ -13,6 +13,7 @@
 | PAGEDLLM_SHUTDOWN_GRACE_SECONDS | 30 | on SIGTERM, how long running requests may still finish |
 | PAGEDLLM_MAX_BODY_BYTES | 4194304 | largest request body (413 past it) |
 | PAGEDLLM_STREAM_INTERVAL | 1 | a streamed answer is written once at least this many new tokens wait (or it ends) |
+| PAGEDLLM_TRACE_REQUESTS | false | let BentoML's OpenTelemetry middleware trace the /v1 requests (a span per streamed chunk) |
 | PAGEDLLM_ENGINE_PROCESS | auto | run the engine in a child process, off the HTTP worker's GIL (auto: on with CUDA) |
 | PAGEDLLM_GENERATION_CONFIG | auto | auto: sampling fields a request leaves out take the model's generation_config.json values (vLLM's default); none: OpenAI's defaults |
 | PAGEDLLM_FAULT_INJECTION_SEED | unset | test hook: requests with this `seed` fail inside the engine |
@@ -83,8 +84,11 @@ _SERVICE_FIELDS = {
     "open_health_and_metrics": _parse_bool, "cors_allow_origins": _origins, "max_waiting_requests": int,
     "retry_after_seconds": int, "request_timeout_seconds": float, "shutdown_grace_seconds": float,
     "max_body_bytes": int, "stream_interval": int, "engine_process": _parse_bool,
-    "generation_config": _generation_config,
+    "generation_config": _generation_config, "trace_requests": _parse_bool,
 }
+
+# the /v1 routes, as OpenTelemetry's URL exclusions see them (regular expressions searched in the full URL)
+OPENAI_ROUTES_PATTERN = "/v1/"
 
 
 def _parse_fields(env: Mapping[str, str], parsers: Mapping[str, Callable[[str], object]]) -> dict:
@@ -116,6 +120,10 @@ class ServiceSettings:
     # hundreds of streams that cost bounds throughput (BENCHMARKS.md). Like vLLM's --stream-interval; 1
     # writes every step's tokens.
     stream_interval: int = 1
+    # NOTE: BentoML's OpenTelemetry middleware opens a span around every ASGI `send`, so a stream pays for one
+    # per chunk even when nothing samples it (BentoML's default sample rate is 0): about 40% of the serving
+    # worker's CPU when streaming (BENCHMARKS.md). Off: /v1 is excluded from tracing; on: traced like the rest.
+    trace_requests: bool = False
     # NOTE: None (auto) runs the engine in its own process on CUDA, where the HTTP work of hundreds of
     # streams would otherwise share one GIL with the engine (BENCHMARKS.md); on the CPU the engine's
     # threads need the cores more than the HTTP work does.
@@ -162,6 +170,11 @@ class ServiceSettings:
             "access_control_allow_methods": ["GET", "POST", "OPTIONS"],
             "access_control_allow_headers": ["Authorization", "Content-Type"],
         }}
+
+    @property
+    def tracing_config(self) -> dict:
+        """BentoML's `tracing` service config: the /v1 routes excluded unless `trace_requests`."""
+        return {} if self.trace_requests else {"excluded_urls": [OPENAI_ROUTES_PATTERN]}
 
     @property
     def model_name(self) -> str:

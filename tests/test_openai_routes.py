@@ -1029,6 +1029,17 @@ def test_the_engine_process_setting():
         ServiceSettings.from_env({"PAGEDLLM_ENGINE_PROCESS": "sometimes"})
 
 
+def test_the_trace_requests_setting():
+    """PAGEDLLM_TRACE_REQUESTS: unset or false keeps /v1 out of BentoML's tracing (a span per streamed chunk);
+    true leaves BentoML's tracing config alone."""
+    from bento_pagedllm.settings import ServiceSettings
+
+    assert ServiceSettings.from_env({}).tracing_config == {"excluded_urls": ["/v1/"]}
+    assert ServiceSettings.from_env({"PAGEDLLM_TRACE_REQUESTS": "true"}).tracing_config == {}
+    with pytest.raises(ValueError, match="TRACE_REQUESTS"):
+        ServiceSettings.from_env({"PAGEDLLM_TRACE_REQUESTS": "maybe"})
+
+
 def test_the_scheduling_policy_setting(tiny_llama3_dir):
     from bento_pagedllm.config import SchedulingPolicy
     from bento_pagedllm.prompts import PromptProcessor

@@ -199,6 +199,24 @@ def test_the_worker_serves_on_uvloop(server):
     assert "serving on uvloop's event loop" in server.log_path.read_text()
 
 
+def test_the_openai_routes_make_no_tracing_spans_by_default(server, client):
+    """BentoML's OpenTelemetry middleware would open a span around every streamed chunk: with
+    PAGEDLLM_TRACE_REQUESTS unset, /v1 is excluded, so its access log lines carry no trace ids (BentoML writes
+    them for every request it traced), while BentoML's own routes keep theirs."""
+    list(client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, stream=True))
+    assert httpx.get(f"{server.base}/docs.json", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+    deadline = time.monotonic() + 10  # NOTE: the server writes a request's line after its response ends
+    while True:
+        lines = server.log_path.read_text().splitlines()
+        v1 = [line for line in lines if "path=/v1/completions" in line and "status=200" in line]
+        docs = [line for line in lines if "path=/docs.json" in line and "status=200" in line]
+        if (v1 and docs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert v1 and docs, "the access log records both requests"
+    assert not any("trace=" in line for line in v1) and all("trace=" in line for line in docs)
+
+
 def test_vllms_version_endpoint_names_the_installed_package(server):
     from importlib.metadata import version
 
