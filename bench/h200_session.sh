@@ -24,6 +24,11 @@ offline_variant() { local shape settings; for shape in ${SHAPES:-llama3-8b}; do
   settings=$([ $shape = llama3-8b ] && echo "--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512" || echo "$BIG")
   PYTHONPATH=$4 run serve_offline_${shape}_$1_$2_rows$3 90 $PY bench/serve.py --mode offline --shape $shape --requests $R --dtype bfloat16 $settings --fused-gemv-rows $3 --out "$out/serve_offline_${shape}_$1_$2_rows$3.json"; done; }
 startup_variant() { PYTHONPATH=$4 TRITON_CACHE_DIR=$(mktemp -d) run startup_$1_$2_rows$3 120 $PY bench/single_stream.py --models llama2-7b --peers none --runs 1 --fused-gemv-rows $3 --out "$out/startup_$1_$2_rows$3.json"; }
+# online_abba A B: the `online` part run four times in ABBA order, one server each, through the caller's
+# `online_variant V DIR` (which sets V's environment); each server's event loop and runs go to session.log
+online_abba() { local n=0 v; for v in $1 $2 $2 $1; do n=$((n + 1))
+  NO_WHEELS=1 RATES="${RATES:-requests_rate40 requests_rate20}" online_variant $v "$out/${n}_$v" > "$out/${n}_$v.log" 2>&1
+  grep -h "event loop" "$out/${n}_$v/server.log" >> "$out/session.log"; cat "$out/${n}_$v/session.log" >> "$out/session.log"; done; }
 case $part in
   throughput)
     run serve_offline_llama2-7b 110 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
@@ -496,27 +501,23 @@ case $part in
     ;;
   online_trace_ab)
     # issue 5's latencies through HTTP with /v1 out of BentoML's tracing (the default) against traced
-    # (PAGEDLLM_TRACE_REQUESTS=true: an OpenTelemetry span around every streamed chunk), ABBA, one server each
-    n=0; for v in untraced traced traced untraced; do n=$((n + 1))
-      PAGEDLLM_TRACE_REQUESTS=$([ $v = traced ] && echo true || echo false) NO_WHEELS=1 \
-        RATES="${RATES:-requests_rate40 requests_rate20}" bash "$0" online "$out/${n}_$v" > "$out/${n}_$v.log" 2>&1
-      cat "$out/${n}_$v/session.log" >> "$out/session.log"; done
+    # (PAGEDLLM_TRACE_REQUESTS=true: an OpenTelemetry span around every streamed chunk), ABBA (RATES)
+    online_variant() { PAGEDLLM_TRACE_REQUESTS=$([ $1 = traced ] && echo true || echo false) bash "$0" online "$2"; }
+    online_abba untraced traced
     ;;
   online_httptools_ab)
     # issue 5's latencies through HTTP with httptools (pyproject asks for it; uvicorn takes it when installed)
-    # against h11 (the same wheels less httptools), ABBA, one server each, Poisson arrivals (RATES). NOTE: the
-    # GPU image has uvloop already (0.23.0), so both sides run on uvloop's event loop
+    # against h11 (the same wheels less httptools), ABBA (RATES). NOTE: the GPU image has uvloop already
+    # (0.23.0), so both sides run on uvloop's event loop
     rm -rf /tmp/site_no && cp -r /tmp/site /tmp/site_no && rm -rf /tmp/site_no/httptools*
-    n=0; for v in httptools h11 h11 httptools; do n=$((n + 1)); site=$([ $v = h11 ] && echo /tmp/site_no || echo /tmp/site)
-      PYTHONPATH=$site:$PWD NO_WHEELS=1 RATES="${RATES:-requests_rate40 requests_rate20}" bash "$0" online "$out/${n}_$v" > "$out/${n}_$v.log" 2>&1
-      grep -h "event loop" "$out/${n}_$v/server.log" | tee -a "$out/session.log"; cat "$out/${n}_$v/session.log" >> "$out/session.log"; done
+    online_variant() { PYTHONPATH=$([ $1 = h11 ] && echo /tmp/site_no || echo /tmp/site):$PWD bash "$0" online "$2"; }
+    online_abba httptools h11
     ;;
   online_gc_ab)
     # issue 5's latencies through HTTP, the service as on main against SERVICE_AB's service.py (a folder
-    # holding another version of it), in ABBA order, one server each: Poisson arrivals (RATES)
-    n=0; for v in main ab ab main; do n=$((n + 1))
-      SERVICE_DIR=$([ $v = ab ] && echo "$SERVICE_AB" || echo .) NO_WHEELS=1 RATES="${RATES:-requests_rate40 requests_rate20}" \
-        bash "$0" online "$out/${n}_$v" > "$out/${n}_$v.log" 2>&1; done
+    # holding another version of it), ABBA (RATES)
+    online_variant() { SERVICE_DIR=$([ $1 = ab ] && echo "$SERVICE_AB" || echo .) bash "$0" online "$2"; }
+    online_abba main ab
     ;;
   online)
     # a real `bentoml serve service:svc` with random weights of a shape (imported as a config-only model),

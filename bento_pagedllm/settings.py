@@ -121,7 +121,7 @@ class ServiceSettings:
     # writes every step's tokens.
     stream_interval: int = 1
     # NOTE: BentoML's OpenTelemetry middleware opens a span around every ASGI `send`, so a stream pays for one
-    # per chunk even when nothing samples it (BentoML's default sample rate is 0): about 40% of the serving
+    # per chunk even when nothing samples it (BentoML's default sample rate is 0): ~45% of the serving
     # worker's CPU when streaming (BENCHMARKS.md). Off: /v1 is excluded from tracing; on: traced like the rest.
     trace_requests: bool = False
     # NOTE: None (auto) runs the engine in its own process on CUDA, where the HTTP work of hundreds of
