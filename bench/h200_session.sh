@@ -15,13 +15,14 @@ if [ -z "${NO_WHEELS:-}" ]; then  # on the GPU machine: the missing packages tra
 fi
 R=bench/data/requests.jsonl
 BIG="--max-num-seqs 512 --max-num-batched-tokens 8192 --max-graph-batch 512"
+S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"  # vLLM's batch settings (Llama-3-8B's figures of record)
 run() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
   timeout "$limit" "$@" > "$out/$name.log" 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s" | tee -a "$out/session.log"; }
 # each_variant FN: FN N EXPORT ROWS PYTHONPATH for each EXPORT:ROWS of VARIANTS, in order and then reversed
 each_variant() { local n=0 v e rows; for v in $VARIANTS $(echo $VARIANTS | tr ' ' '\n' | tac | tr '\n' ' '); do
   n=$((n + 1)); e=${v%%:*}; rows=${v##*:}; "$1" $n $e $rows "$([ $e = head ] || echo "$PWD/ab/$e:")$PYTHONPATH"; done; }
 offline_variant() { local shape settings; for shape in ${SHAPES:-llama3-8b}; do
-  settings=$([ $shape = llama3-8b ] && echo "--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512" || echo "$BIG")
+  settings=$([ $shape = llama3-8b ] && echo "$S8" || echo "$BIG")
   PYTHONPATH=$4 run serve_offline_${shape}_$1_$2_rows$3 90 $PY bench/serve.py --mode offline --shape $shape --requests $R --dtype bfloat16 $settings --fused-gemv-rows $3 --out "$out/serve_offline_${shape}_$1_$2_rows$3.json"; done; }
 startup_variant() { PYTHONPATH=$4 TRITON_CACHE_DIR=$(mktemp -d) run startup_$1_$2_rows$3 120 $PY bench/single_stream.py --models llama2-7b --peers none --runs 1 --fused-gemv-rows $3 --out "$out/startup_$1_$2_rows$3.json"; }
 # online_abba A B: the `online` part run four times in ABBA order, one server each, through the caller's
@@ -76,7 +77,7 @@ case $part in
     run gemv_rows 150 $PY bench/gemv.py --rows 1,8,16,24,32,48,64 --shapes llama2-7b,llama3-8b --out "$out/gemv_rows.json"
     for rows in 32 0; do
       run serve_offline_llama2-7b_rows$rows 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --fused-gemv-rows $rows --out "$out/serve_offline_llama2-7b_rows$rows.json"
-      run serve_offline_llama3-8b_rows$rows 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_rows$rows.json"; done
+      run serve_offline_llama3-8b_rows$rows 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_rows$rows.json"; done
     ;;
   rows16)
     # issue 5: offline with the tensor-core tiles for decode steps of up to 16 sequences (the default; the
@@ -84,7 +85,7 @@ case $part in
     for run_ in 16a 0 16b; do rows=${run_%[ab]}
       run serve_offline_llama2-7b_rows$run_ 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --fused-gemv-rows $rows --out "$out/serve_offline_llama2-7b_rows$run_.json"; done
     for rows in 16 0; do
-      run serve_offline_llama3-8b_rows$rows 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_rows$rows.json"; done
+      run serve_offline_llama3-8b_rows$rows 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_rows$rows.json"; done
     run single_stream 150 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream.json"
     run gpu_kernel_tests 150 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "few_tokens or decode"
     ;;
@@ -105,7 +106,7 @@ case $part in
     run single_stream 100 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --profile-dir "$out/prof" --out "$out/single_stream.json"
     run single_stream_nopdl 80 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --no-dependent-launch --out "$out/single_stream_nopdl.json"
     run gpu_engine_tests 70 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
-    run serve_offline_llama3-8b 50 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
+    run serve_offline_llama3-8b 50 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b.json"
     ;;
   prefix_t0)
     # issue 5: a shared 1,000-token system prompt on the 500-request workload all at t=0, caching on and off
@@ -138,7 +139,7 @@ case $part in
       PYTHONPATH=$([ $ab = prev ] && echo "$PREV:")$PYTHONPATH run single_stream_$ab 90 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream_$ab.json"; done
     run gpu_engine_tests 100 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
     run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
-    run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
+    run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b.json"
     ;;
   decode_ab)
     # decode-step variants side by side on one machine: Llama-2-7B decode graphs of 1 to 256 sequences of
@@ -155,7 +156,7 @@ case $part in
     for v in head prev; do
       PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_$v 100 $PY bench/single_stream.py --models ${MODELS:-llama2-7b llama3-8b} --peers none --runs 3 --out "$out/single_stream_$v.json"; done
     run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
-    [ -n "${OFFLINE8B:-}" ] && run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
+    [ -n "${OFFLINE8B:-}" ] && run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b.json"
     ;;
   gemv_ab)
     # projection variants side by side on one machine: the kernels alone (ROWS rows, default 1; SHAPES,
@@ -169,7 +170,7 @@ case $part in
     n=0; for v in $order; do n=$((n + 1))
       PYTHONPATH=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH run single_stream_${n}_$v 150 $PY bench/single_stream.py --models ${MODELS:-llama2-7b llama3-8b} --peers none --runs 3 --out "$out/single_stream_${n}_$v.json"; done
     [ "${OFFLINE:-1}" = 1 ] && run serve_offline_llama2-7b 70 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
-    [ -n "${OFFLINE8B:-}" ] && run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
+    [ -n "${OFFLINE8B:-}" ] && run serve_offline_llama3-8b 70 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b.json"
     ;;
   decode_splits)
     # (TESTS=1: the GPU tests first)
@@ -188,7 +189,7 @@ case $part in
     # 8B warm; the GPU tests of the projections and the engine
     for run_ in 1 2; do
       run serve_offline_llama2-7b_$run_ 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_$run_.json"; done
-    run serve_offline_llama3-8b 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json"
+    run serve_offline_llama3-8b 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b.json"
     run gpu_kernel_tests 170 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k few_tokens
     run gpu_engine_tests 100 $PY -m pytest -q -x -p no:cacheprovider tests/gpu/test_engine_gpu.py
     ;;
@@ -197,7 +198,7 @@ case $part in
     # default), through cuBLAS (0), and fused again (the first run on a fresh machine compiles in its clock)
     for run_ in 32a 0 32b; do rows=${run_%[ab]}
       run serve_offline_llama2-7b_rows$run_ 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --fused-gemv-rows $rows --out "$out/serve_offline_llama2-7b_rows$run_.json"
-      run serve_offline_llama3-8b_rows$run_ 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_rows$run_.json"; done
+      run serve_offline_llama3-8b_rows$run_ 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --fused-gemv-rows $rows --out "$out/serve_offline_llama3-8b_rows$run_.json"; done
     ;;
   single_stream)
     run single_stream 150 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --profile-dir "$out/prof" --out "$out/single_stream.json"
@@ -207,7 +208,6 @@ case $part in
     # with vLLM's batch settings (1024 seqs, 16384 tokens a step); then each run again under the profiler (rank
     # 0's kernels: where a step's time goes), the single-GPU tests on GPU 1 beside the profiled 1-GPU run (a
     # profiled run's throughput is not a figure), and the 2-GPU tests last
-    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
     for tp in 2 1; do
       run serve_offline_llama3-8b_tp$tp 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size $tp ${TP_FLAGS:-} --out "$out/serve_offline_llama3-8b_tp$tp.json"; done
     [ -n "${TESTS:-}" ] && { CUDA_VISIBLE_DEVICES=1 run gpu_tests 300 $PY -m pytest -q -p no:cacheprovider tests/gpu & tests=$!; }
@@ -219,7 +219,6 @@ case $part in
   tp2_profile)
     # issue 7: where a tensor-parallel step's time goes, by step shape: tp2 timed, then profiled in windows of
     # prefill, big, middling and small decode steps, on 2 GPUs (NCCL; then the peer-memory all-reduce) and on 1
-    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
     W="--profile-window 2:4 --profile-window 40:10 --profile-window 600:10 --profile-window 950:10"
     run serve_offline_llama3-8b_tp2 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size 2 --out "$out/serve_offline_llama3-8b_tp2.json"
     for v in tp2:2 tp2peer:2:--peer-all-reduce tp1:1; do IFS=: read name tp flag <<< "$v"
@@ -229,7 +228,6 @@ case $part in
     # issue 7: all-reduce time by message size (bench/allreduce.py: NCCL as set up, and with other NCCL
     # settings; torch's peer-memory one-shot and two-shot), then the 500-request workload on 1 GPU and on 2
     # with each variant named in VARIANTS (NAME=ENV... or ab:EXPORT with --peer-all-reduce)
-    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
     NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING run allreduce_default 90 $PY bench/allreduce.py --out "$out/allreduce_default.json"
     for env in NCCL_MIN_NCHANNELS=16 NCCL_PROTO=LL128 NCCL_PROTO=Simple; do
       env $env $PY bench/allreduce.py --out "$out/allreduce_${env//=/_}.json" > "$out/allreduce_${env//=/_}.log" 2>&1; done
@@ -245,7 +243,6 @@ case $part in
   tp2_ab)
     # issue 7: the 500-request workload on 2 GPUs (NCCL, then the peer-memory all-reduce), on 1, then again
     # on 2 with NCCL (machine drift), the big decode steps profiled, and the 2-GPU tests
-    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
     for v in tp2:2 tp2peer:2:--peer-all-reduce tp1:1 tp2again:2; do IFS=: read name tp flag <<< "$v"
       run serve_offline_llama3-8b_$name 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size $tp $flag --out "$out/serve_offline_llama3-8b_$name.json"; done
     [ -n "${PROFILE:-}" ] && run profile_tp2 150 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --tensor-parallel-size 2 --profile "$out/profile_tp2.txt" --profile-window 40:10 --profile-window 300:10 --out "$out/profiled_tp2.json"
@@ -255,7 +252,6 @@ case $part in
     # issues 4 and 5: the decode split rule, from HEAD and from each export named in AB (ab/NAME first on
     # PYTHONPATH), alternating: Llama-3-8B offline with vLLM's batch settings, Llama-2-7B offline as in
     # `offline` (SINGLE=1: Llama-2-7B single stream first)
-    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
     for v in head ${AB:-}; do
       P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
       [ -n "${SINGLE:-}" ] && PYTHONPATH=$P run single_stream_$v 100 $PY bench/single_stream.py --models llama2-7b --peers none --runs 3 --out "$out/single_stream_$v.json"
@@ -268,7 +264,6 @@ case $part in
     # PYTHONPATH), in ABBA order (HEAD, the exports, the exports reversed, HEAD): one call's runs drift by a
     # few per cent (2026-12-01, run 6 of bench/results/h200-2026-12-01m), which that order cancels
     [ -n "${TESTS:-}" ] && run gpu_tests 150 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py tests/gpu/test_engine_gpu.py -k "decode or float32_greedy"
-    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
     order="head ${AB:-} $(echo ${AB:-} | tr ' ' '\n' | tac | tr '\n' ' ') head"
     n=0; for v in $order; do n=$((n + 1)); P=$([ $v = head ] || echo "$PWD/ab/$v:")$PYTHONPATH
       PYTHONPATH=$P run single_stream_${n}_$v 100 $PY bench/single_stream.py --models llama2-7b --peers none --runs 3 --out "$out/single_stream_${n}_$v.json"
@@ -295,7 +290,6 @@ case $part in
     # issue 5: where the device time of decode steps of a given size goes: a profiled offline run of SHAPE
     # (default llama3-8b, vLLM's batch settings) with a kernel table and a trace per window of WINDOWS
     # (START:COUNT; the defaults are the 8B workload's steps of ~50, ~22, ~13 and ~7 sequences)
-    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
     run profile_offline 150 $PY bench/serve.py --mode offline --shape ${SHAPE:-llama3-8b} --requests $R --dtype bfloat16 $S8 --profile "$out/profile.txt" $(for w in ${WINDOWS:-380:10 540:20 640:20 850:20}; do echo --profile-window $w; done) --out "$out/profiled.json"
     ;;
   startup_variants)
@@ -391,7 +385,7 @@ case $part in
     # `bentoml serve`) at t=0, 20 and 40 req/s
     run single_stream 150 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream.json"
     for n in 1 2; do
-      run serve_offline_llama3-8b_$n 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b_$n.json"; done
+      run serve_offline_llama3-8b_$n 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_$n.json"; done
     run serve_offline_llama2-7b 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
     NO_WHEELS=1 RATES="${RATES:-requests requests_rate20 requests_rate40}" bash "$0" online "$out/online" > "$out/online.log" 2>&1
     ;;
@@ -409,7 +403,6 @@ case $part in
     # issues 4 and 5, one call: single stream (three shapes), Llama-2-7B offline twice and Llama-3-8B offline
     # (vLLM's batch settings) twice, then the continuous-batching peer on the same 500 requests, stopped at
     # DEADLINE seconds (default 120) with the requests it finished by then
-    S8="--max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512"
     run single_stream 120 $PY bench/single_stream.py --models smollm2-135m llama2-7b llama3-8b --peers none --runs 3 --out "$out/single_stream.json"
     for n in 1 2; do
       run serve_offline_llama2-7b_$n 80 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_$n.json"
@@ -436,7 +429,7 @@ case $part in
     case $part in
       vllm_ours)  # the engine offline: Llama-2-7B with the settings of record, Llama-3-8B with vLLM's batch settings
         run serve_offline_llama2-7b 100 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b.json"
-        run serve_offline_llama3-8b 100 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b.json" ;;
+        run serve_offline_llama3-8b 100 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b.json" ;;
       vllm)  # single stream of the engine and of vLLM, both shapes, in one run; vLLM's process also runs $R offline
         unpack_vllm || exit 1
         VLLM_PYTHONPATH=/tmp/vllm:/tmp/vsite run single_stream_vllm 540 $PY bench/single_stream.py --models llama2-7b llama3-8b --peers vllm --vllm-requests $R --runs 3 --out "$out/single_stream_vllm.json" ;;
@@ -484,18 +477,18 @@ case $part in
     # run on a fresh machine compiles kernels in its clock), then Llama-3-8B twice with vLLM's 1024 seqs / 16384 tokens
     for run_ in 1 2; do run serve_offline_llama2-7b_$run_ 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama2-7b_$run_.json"; done
     for run_ in 1 2; do
-      run serve_offline_llama3-8b_1024_$run_ 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b_1024_$run_.json"; done
+      run serve_offline_llama3-8b_1024_$run_ 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_1024_$run_.json"; done
     ;;
   offline_settings)
     # issue 5: Llama-3-8B offline with the settings above and with vLLM's defaults (1024 seqs, 16384 tokens a step)
     run serve_offline_llama3-8b 80 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $BIG --out "$out/serve_offline_llama3-8b.json"
-    run serve_offline_llama3-8b_1024 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama3-8b_1024.json"
+    run serve_offline_llama3-8b_1024 90 $PY bench/serve.py --mode offline --shape llama3-8b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama3-8b_1024.json"
     ;;
   vllm_settings)
     # issue 5: where a mixed step's time goes; then Llama-2-7B offline and online (engine process) with vLLM's
     # defaults (1024 seqs, 16384 tokens a step; decode graphs up to 512)
     run mixed_step 120 $PY bench/mixed_step.py --shape llama2-7b --out "$out/mixed_step_llama2-7b.json"
-    run serve_offline_llama2-7b_1024 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 --max-graph-batch 512 --out "$out/serve_offline_llama2-7b_1024.json"
+    run serve_offline_llama2-7b_1024 90 $PY bench/serve.py --mode offline --shape llama2-7b --requests $R --dtype bfloat16 $S8 --out "$out/serve_offline_llama2-7b_1024.json"
     SEQS=1024 TOKENS=16384 GRAPH=512 NO_WHEELS=1 RATES="requests requests_rate20 requests_rate40" bash "$0" online "$out/online1024" > "$out/online1024.log" 2>&1
     for f in "$out"/online1024/online_*.json; do cp "$f" "$out/1024_$(basename "$f")"; done
     ;;
