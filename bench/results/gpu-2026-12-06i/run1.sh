@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The thirty-fifth session's unrun question (bench/results/h200-2026-12-05/run4.sh, cut to one profiled run
 # each): does a thread-block-cluster launch start early under dependent launch when its clusters are smaller?
-# ab/single_stream.py: 9a84f74's; ab/cf4, ab/cf2: 9a84f74's package + variant_cluster_decode.diff + probe_cluster_cf4.diff (cf2: clusters of 2)
+# ab/single_stream.py and ab/timeline.py: 9a84f74's; ab/cf4, ab/cf2: 9a84f74's package + variant_cluster_decode.diff + probe_cluster_cf4.diff (cf2: clusters of 2)
 set -uo pipefail
 out=$1; mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total --format=csv > "$out/card.txt"
