@@ -1,4 +1,4 @@
-"""VARIANT (gpu-2026-12-07): a single sequence's decode splits left uncombined, combined by the o projection."""
+"""VARIANT (gpu-2026-12-06j): a single sequence's decode splits left uncombined, combined by the o projection."""
 from __future__ import annotations
 
 import pytest
