@@ -10,6 +10,7 @@
 #   pair (~2 min): one offline run each, main8 then etb (the per-size step times,
 #     gpu_timeline.decode_graph_ms_by_seqs, show a ~1% move in the 2-95-sequence steps even from one pair)
 #   short (~4.5 min): pair, then the attention alone and the GPU tests (room for run6 in the same call)
+#   parts (~2 min): the attention alone and the GPU tests, no offline run
 set -uo pipefail
 out=$1; mode=${2:-full}; mkdir -p "$out"; w=/tmp/w1; rm -rf $w; mkdir -p $w
 pack() { tar czf "$out/run1_$mode.tgz" -C $w .; }
@@ -24,10 +25,10 @@ if [ $mode = pair ] || [ $mode = short ]; then
     PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step offline_$v 75 python3 bench/serve.py --mode offline --shape llama3-8b \
       --requests bench/data/requests.jsonl --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 \
       --max-graph-batch 512 --fused-gemv-rows 32 --out $w/serve_offline_llama3-8b_$v.json; done
-else
+elif [ $mode != parts ]; then
   SHAPES=llama3-8b VARIANTS="main8:32 etb:32" step offline 250 bash bench/h200_session.sh offline_variants $w/offline
 fi
-if [ $mode = full ] || [ $mode = short ]; then
+if [ $mode = full ] || [ $mode = short ] || [ $mode = parts ]; then
   for v in main8 etb; do
     PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step attention_$v 35 python3 bench/decode_attention.py --shape llama3-8b \
       --seqs "" --orders longest_first --splits 2 --ragged 8,16,32,63,95 --out $w/attention_$v.json; done
