@@ -12,7 +12,12 @@
 #   short (~4.5 min): pair, then the attention alone and the GPU tests (room for run6 in the same call)
 #   parts (~2 min): the attention alone and the GPU tests, no offline run
 set -uo pipefail
-out=$1; mode=${2:-full}; mkdir -p "$out"; w=/tmp/w1; rm -rf $w; mkdir -p $w
+out=$1; mode=${2:-full}
+case $mode in  # offline: abba, pair or none; parts: whether the attention alone and the GPU tests run
+  full) offline=abba parts=1 ;; offline) offline=abba parts= ;; pair) offline=pair parts= ;;
+  short) offline=pair parts=1 ;; parts) offline=none parts=1 ;; *) echo "unknown mode $mode" >&2; exit 2 ;;
+esac
+mkdir -p "$out"; w=/tmp/w1; rm -rf $w; mkdir -p $w
 pack() { tar czf "$out/run1_$mode.tgz" -C $w .; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv > $w/card.txt 2>&1
 (while sleep 15; do pack; done) & packer=$!
@@ -20,15 +25,15 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 NO_WHEELS=1
 step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
   timeout $limit "$@" > $w/$name.log 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s" >> $w/session.log; }
-if [ $mode = pair ] || [ $mode = short ]; then
+if [ $offline = pair ]; then
   for v in main8 etb; do
     PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step offline_$v 75 python3 bench/serve.py --mode offline --shape llama3-8b \
       --requests bench/data/requests.jsonl --dtype bfloat16 --max-num-seqs 1024 --max-num-batched-tokens 16384 \
       --max-graph-batch 512 --fused-gemv-rows 32 --out $w/serve_offline_llama3-8b_$v.json; done
-elif [ $mode != parts ]; then
+elif [ $offline = abba ]; then
   SHAPES=llama3-8b VARIANTS="main8:32 etb:32" step offline 250 bash bench/h200_session.sh offline_variants $w/offline
 fi
-if [ $mode = full ] || [ $mode = short ] || [ $mode = parts ]; then
+if [ -n "$parts" ]; then
   for v in main8 etb; do
     PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step attention_$v 35 python3 bench/decode_attention.py --shape llama3-8b \
       --seqs "" --orders longest_first --splits 2 --ragged 8,16,32,63,95 --out $w/attention_$v.json; done
