@@ -5,8 +5,9 @@
 # launches (README: how to build them). ~5 minutes warm. Usage: run3.sh OUT
 #   registers of both packages; the attention alone on the offline workload's big batches (Llama-3-8B, one
 #   split, longest first) in the order main8, cap1, cap1, main8; then Llama-3-8B offline main8, cap1, cap1, main8
+#   (MODE `short`, ~1.5 minutes: without the offline runs)
 set -uo pipefail
-out=$1; mkdir -p "$out"; w=/tmp/w3; rm -rf $w; mkdir -p $w
+out=$1; mode=${2:-full}; mkdir -p "$out"; w=/tmp/w3; rm -rf $w; mkdir -p $w
 pack() { tar czf "$out/run3.tgz" -C $w .; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv > $w/card.txt 2>&1
 (while sleep 15; do pack; done) & packer=$!
@@ -22,5 +23,5 @@ n=0; for v in main8 cap1 cap1 main8; do n=$((n+1))
   PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step attention_${n}_$v 40 python3 bench/decode_attention.py --shape llama3-8b \
     --seqs "" --orders longest_first --splits 1 --ragged 159,192,256,320,400,478 --out $w/attention_${n}_$v.json; done
 pack
-SHAPES=llama3-8b VARIANTS="main8:32 cap1:32" step offline 250 bash bench/h200_session.sh offline_variants $w/offline
+[ "$mode" = short ] || SHAPES=llama3-8b VARIANTS="main8:32 cap1:32" step offline 250 bash bench/h200_session.sh offline_variants $w/offline
 kill $packer; pack
