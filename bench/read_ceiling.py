@@ -11,6 +11,13 @@ Measured here, each over a 4 GiB buffer (many times the L2), median of timed rep
   before any is added (the loads in flight a program keeps), over a grid of those choices.
 
     python bench/read_ceiling.py --out bench/results/read_ceiling.json
+
+`--matrices` asks the same of each one-row projection's bytes (Llama-2-7B's and Llama-3-8B's weights, 34 to
+1,051 MB), timed as bench/gemv.py times the projection kernels (a CUDA graph cycling through copies of 256 MB
+or more), beside those kernels on the same copies: whether a projection's read rate (3.5-4.1 TB/s on an H200)
+is what a read-only kernel reaches over that many bytes, or below it.
+
+    python bench/read_ceiling.py --matrices --out bench/results/read_matrices.json
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import triton
 import triton.language as tl
 import triton.testing
 
+import gemv as gemv_bench  # bench/gemv.py
 from single_stream import copy_bandwidth, device_facts, save
 
 BUFFER_BYTES = int(os.environ.get("READ_CEILING_BYTES", 4 << 30))
@@ -72,11 +80,55 @@ def triton_read(x: torch.Tensor, expected: float, chunk: int, block: int, unroll
             "programs": programs, "read_tbs": num_chunks * chunk * x.element_size() / seconds / 1e12}
 
 
+def matrix_read(copies: list[torch.Tensor], chunk: int, block: int, unroll: int, warps: int) -> float:
+    """Microseconds a read of one copy takes, one program per chunk, in a graph cycling through `copies`."""
+    num_chunks = copies[0].numel() // chunk
+    out = torch.empty(num_chunks, device=copies[0].device, dtype=torch.float32)
+    call = lambda x: _read_kernel[(num_chunks,)](x, out, num_chunks, CHUNK=chunk, BLOCK=block,  # noqa: E731
+                                                 UNROLL=unroll, num_warps=warps)
+    call(copies[0])
+    assert abs(out.sum().item() - copies[0].sum(dtype=torch.float32).item()) <= 1e-3 * copies[0].numel()
+    return gemv_bench._timed_us(call, copies)
+
+
+def matrices(bandwidth: float) -> list[dict]:
+    """Per projection shape (one row): the read kernel's configurations over the matrix's bytes, and the
+    projection kernel (kernels/gemv.py as the model calls it) with dependent launch off and on."""
+    rows = []
+    for name, n, k, prologue in gemv_bench.SHAPES:
+        if not name.startswith(("llama2-7b", "llama3-8b")) or name.endswith("as_norm"):
+            continue
+        w = torch.rand(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
+        row = gemv_bench.measure(name, n, k, prologue, 1, w, 1e-5)
+        copies = [c.view(-1) for c in gemv_bench._weight_copies(w)]
+        reads = []
+        for chunk_kb, block, unroll, warps in itertools.product((8, 16, 32), (1024, 2048, 4096), (1, 2), (4, 8)):
+            chunk = chunk_kb * 1024 // 2
+            if block * unroll > chunk or copies[0].numel() % chunk or block * unroll // (32 * warps) > 64:
+                continue
+            us = matrix_read(copies, chunk, block, unroll, warps)
+            reads.append({"chunk_bytes": chunk * 2, "block": block, "unroll": unroll, "warps": warps, "us": us,
+                          "read_tbs": n * k * 2 / us / 1e6})
+        best = min(reads, key=lambda r: r["us"])
+        row.update(read_best=best, read_us=best["us"], reads=reads,
+                   fused_over_read=row["triton_fused_us"] / best["us"],
+                   fused_pdl_over_read=row.get("triton_fused_pdl_us", float("nan")) / best["us"],
+                   read_over_copy=best["read_tbs"] / (bandwidth / 1e12))
+        print(json.dumps({key: v for key, v in row.items() if key != "reads"}), flush=True)
+        rows.append(row)
+        del w, copies
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
+    parser.add_argument("--matrices", action="store_true", help="the projections' bytes (see the docstring)")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
+    if args.matrices:
+        save({**device_facts(bandwidth), "rows": matrices(bandwidth)}, args.out)
+        return
     x = torch.rand(BUFFER_BYTES // 2, device="cuda", dtype=torch.bfloat16)
     expected = x.sum(dtype=torch.float32).item()
     torch_sum = x.numel() * 2 / _seconds(lambda: x.sum(dtype=torch.float32)) / 1e12

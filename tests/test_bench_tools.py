@@ -236,6 +236,18 @@ def test_the_read_ceilings_kernel_sums_every_chunk_it_is_timed_on(monkeypatch):
         read_ceiling.triton_read(x, expected + 100.0, 2048, 512, 1, 4, 0)
 
 
+def test_the_read_ceilings_matrix_read_sums_each_copy_it_cycles_through(monkeypatch):
+    """bench/read_ceiling.py --matrices: the read of a projection's bytes (one program per chunk) covers
+    the whole copy, for each chunk / tile / unroll it is timed in (the bench asserts the sum)."""
+    import torch
+
+    read_ceiling = _load("read_ceiling")
+    monkeypatch.setattr(read_ceiling.gemv_bench, "_timed_us", lambda fn, copies: ([fn(c) for c in copies], 2.0)[1])
+    copies = [torch.rand(1 << 13, dtype=torch.float16) for _ in range(2)]
+    for chunk, block, unroll in [(2048, 512, 1), (4096, 1024, 2)]:
+        assert read_ceiling.matrix_read(copies, chunk, block, unroll, 4) == 2.0
+
+
 @pytest.mark.parametrize("interleave", [0, 4, 16])
 def test_the_projection_benchmark_times_gate_up_in_the_layout_it_names(interleave):
     """bench/gemv.py --interleave: the fused gate/up it times reads W's rows in that layout (interleaved in
