@@ -7,8 +7,9 @@
 #   2. gate/up alone, every one-row tile (bench/gemv.py --sweep, the model's interleaved layout), each package
 #   3. bench/read_ceiling.py --matrices: a read-only kernel over each projection's bytes beside the projections
 #   4. run3's short mode (cap1 against main8, the attention alone at 159-478 sequences)
+# MODE `short` (~4 minutes): 1 and 3 only.
 set -uo pipefail
-out=$1; mkdir -p "$out"; w=/tmp/w4; rm -rf $w; mkdir -p $w
+out=$1; mode=${2:-full}; mkdir -p "$out"; w=/tmp/w4; rm -rf $w; mkdir -p $w
 pack() { tar czf "$out/run4.tgz" -C $w . 2>/dev/null; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv > $w/card.txt 2>&1
 (while sleep 15; do pack; done) & packer=$!
@@ -20,11 +21,11 @@ n=0; for v in main8 gemvw gemvw main8; do n=$((n + 1))
   PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step single_stream_${n}_$v 150 python3 bench/single_stream.py \
     --models llama2-7b llama3-8b --peers none --runs 2 --out $w/single_stream_${n}_$v.json; done
 pack
-for v in main8 gemvw; do
+[ "$mode" = short ] || for v in main8 gemvw; do
   PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step sweep_gate_up_$v 75 python3 bench/gemv.py --sweep --rows 1 \
     --shapes "llama2-7b gate_up,llama3-8b gate_up" --interleave 128 --out $w/sweep_gate_up_$v.json; done
 pack
 step read_matrices 150 python3 bench/read_ceiling.py --matrices --out $w/read_matrices.json
 pack
-step run3 100 bash bench/results/gpu-2026-12-07/run3.sh $w/run3 short
+[ "$mode" = short ] || step run3 100 bash bench/results/gpu-2026-12-07/run3.sh $w/run3 short
 kill $packer; pack
