@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Fiftieth session, one call (~8 minutes warm; any sm_90 card; carry [".whl", "ab"]). Usage: run4.sh OUT
+# Fiftieth session, one call (~8 minutes warm; any sm_90 card; carry [".whl", "ab"]). Usage: run4.sh OUT [short]
 # ab/main8 = main's package; ab/gemvw = it with kernels/gemv.py's one-row gate/up loading its gate and up rows
 # as one tile (gemv_joined.diff), so that ptxas does not issue the up rows' loads only after the gate rows'
-# have arrived (README: the SASS). In order of priority (the packer keeps what finished):
-#   1. Llama-2-7B and Llama-3-8B single stream, main8, gemvw, gemvw, main8 (2 runs each)
-#   2. gate/up alone, every one-row tile (bench/gemv.py --sweep, the model's interleaved layout), each package
-#   3. bench/read_ceiling.py --matrices: a read-only kernel over each projection's bytes beside the projections
+# have arrived (README: the SASS). In order (the packer keeps what finished):
+#   1. bench/read_ceiling.py --matrices: a read-only kernel over each projection's bytes beside the projections
+#   2. single stream, main8, gemvw, gemvw, main8 (2 runs each): Llama-2-7B and Llama-3-8B (short: the 7B only)
+#   3. gate/up alone, every one-row tile (bench/gemv.py --sweep, the model's interleaved layout), each package
 #   4. run3's short mode (cap1 against main8, the attention alone at 159-478 sequences)
-# MODE `short` (~4 minutes): 1 and 3 only.
+# MODE `short` (~4-5 minutes): 1 and 2 (the 7B only).
 set -uo pipefail
 out=$1; mode=${2:-full}; mkdir -p "$out"; w=/tmp/w4; rm -rf $w; mkdir -p $w
 pack() { tar czf "$out/run4.tgz" -C $w . 2>/dev/null; }
@@ -17,15 +17,16 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
   timeout $limit "$@" > $w/$name.log 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s" >> $w/session.log; }
+step read_matrices 150 python3 bench/read_ceiling.py --matrices --out $w/read_matrices.json
+pack
+models="llama2-7b llama3-8b"; [ "$mode" = short ] && models=llama2-7b
 n=0; for v in main8 gemvw gemvw main8; do n=$((n + 1))
   PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step single_stream_${n}_$v 150 python3 bench/single_stream.py \
-    --models llama2-7b llama3-8b --peers none --runs 2 --out $w/single_stream_${n}_$v.json; done
+    --models $models --peers none --runs 2 --out $w/single_stream_${n}_$v.json; done
 pack
 [ "$mode" = short ] || for v in main8 gemvw; do
   PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step sweep_gate_up_$v 75 python3 bench/gemv.py --sweep --rows 1 \
     --shapes "llama2-7b gate_up,llama3-8b gate_up" --interleave 128 --out $w/sweep_gate_up_$v.json; done
-pack
-step read_matrices 150 python3 bench/read_ceiling.py --matrices --out $w/read_matrices.json
 pack
 [ "$mode" = short ] || step run3 100 bash bench/results/gpu-2026-12-07/run3.sh $w/run3 short
 kill $packer; pack
