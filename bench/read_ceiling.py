@@ -91,12 +91,12 @@ def matrix_read(copies: list[torch.Tensor], chunk: int, block: int, unroll: int,
     return gemv_bench._timed_us(call, copies)
 
 
-def matrices(bandwidth: float) -> list[dict]:
-    """Per projection shape (one row): the read kernel's configurations over the matrix's bytes, and the
-    projection kernel (kernels/gemv.py as the model calls it) with dependent launch off and on."""
+def matrices(bandwidth: float, models: tuple[str, ...] = ("llama2-7b", "llama3-8b")) -> list[dict]:
+    """Per projection shape (one row) of `models`: the read kernel's configurations over the matrix's bytes,
+    and the projection kernel (kernels/gemv.py as the model calls it) with dependent launch off and on."""
     rows = []
     for name, n, k, prologue in gemv_bench.SHAPES:
-        if not name.startswith(("llama2-7b", "llama3-8b")) or name.endswith("as_norm"):
+        if not name.startswith(models) or name.endswith("as_norm"):
             continue
         w = torch.rand(n, k, device="cuda", dtype=torch.bfloat16) * k**-0.5
         row = gemv_bench.measure(name, n, k, prologue, 1, w, 1e-5)
@@ -124,10 +124,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--matrices", action="store_true", help="the projections' bytes (see the docstring)")
+    parser.add_argument("--models", default="llama2-7b,llama3-8b", help="--matrices: these models' projections")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     if args.matrices:
-        save({**device_facts(bandwidth), "rows": matrices(bandwidth)}, args.out)
+        save({**device_facts(bandwidth), "rows": matrices(bandwidth, tuple(args.models.split(",")))}, args.out)
         return
     x = torch.rand(BUFFER_BYTES // 2, device="cuda", dtype=torch.bfloat16)
     expected = x.sum(dtype=torch.float32).item()

@@ -7,7 +7,7 @@
 #   2. single stream, main8, gemvw, gemvw, main8 (2 runs each): Llama-2-7B and Llama-3-8B (short: the 7B only)
 #   3. gate/up alone, every one-row tile (bench/gemv.py --sweep, the model's interleaved layout), each package
 #   4. run3's short mode (cap1 against main8, the attention alone at 159-478 sequences)
-# MODE `short` (~4-5 minutes): 1 and 2 (the 7B only).
+# MODE `short` (~4-5 minutes): 1 and 2 (the 7B only); `tiny` (~3 minutes): 1 (the 7B only) and one pair.
 set -uo pipefail
 out=$1; mode=${2:-full}; mkdir -p "$out"; w=/tmp/w4; rm -rf $w; mkdir -p $w
 pack() { tar czf "$out/run4.tgz" -C $w . 2>/dev/null; }
@@ -17,16 +17,18 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
   timeout $limit "$@" > $w/$name.log 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s" >> $w/session.log; }
-step read_matrices 150 python3 bench/read_ceiling.py --matrices --out $w/read_matrices.json
+step read_matrices 150 python3 bench/read_ceiling.py --matrices --out $w/read_matrices.json \
+  --models $([ "$mode" = tiny ] && echo llama2-7b || echo llama2-7b,llama3-8b)
 pack
-models="llama2-7b llama3-8b"; [ "$mode" = short ] && models=llama2-7b
-n=0; for v in main8 gemvw gemvw main8; do n=$((n + 1))
+models="llama2-7b llama3-8b"; [ "$mode" != full ] && models=llama2-7b
+order="main8 gemvw gemvw main8"; [ "$mode" = tiny ] && order="main8 gemvw"
+n=0; for v in $order; do n=$((n + 1))
   PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step single_stream_${n}_$v 150 python3 bench/single_stream.py \
     --models $models --peers none --runs 2 --out $w/single_stream_${n}_$v.json; done
 pack
-[ "$mode" = short ] || for v in main8 gemvw; do
+[ "$mode" != full ] || for v in main8 gemvw; do
   PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step sweep_gate_up_$v 75 python3 bench/gemv.py --sweep --rows 1 \
     --shapes "llama2-7b gate_up,llama3-8b gate_up" --interleave 128 --out $w/sweep_gate_up_$v.json; done
 pack
-[ "$mode" = short ] || step run3 100 bash bench/results/gpu-2026-12-07/run3.sh $w/run3 short
+[ "$mode" != full ] || step run3 100 bash bench/results/gpu-2026-12-07/run3.sh $w/run3 short
 kill $packer; pack
