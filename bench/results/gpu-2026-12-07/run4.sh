@@ -17,13 +17,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
   timeout $limit "$@" > $w/$name.log 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s" >> $w/session.log; }
-step read_matrices 150 python3 bench/read_ceiling.py --matrices --out $w/read_matrices.json \
+step read_matrices $([ "$mode" = tiny ] && echo 110 || echo 150) python3 bench/read_ceiling.py --matrices --out $w/read_matrices.json \
   --models $([ "$mode" = tiny ] && echo llama2-7b || echo llama2-7b,llama3-8b)
 pack
 models="llama2-7b llama3-8b"; [ "$mode" != full ] && models=llama2-7b
 order="main8 gemvw gemvw main8"; [ "$mode" = tiny ] && order="main8 gemvw"
 n=0; for v in $order; do n=$((n + 1))
-  PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step single_stream_${n}_$v 150 python3 bench/single_stream.py \
+  PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step single_stream_${n}_$v $([ "$mode" = tiny ] && echo 90 || echo 150) python3 bench/single_stream.py \
     --models $models --peers none --runs 2 --out $w/single_stream_${n}_$v.json; done
 pack
 [ "$mode" != full ] || for v in main8 gemvw; do
