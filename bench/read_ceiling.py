@@ -91,7 +91,7 @@ def matrix_read(copies: list[torch.Tensor], chunk: int, block: int, unroll: int,
     return gemv_bench._timed_us(call, copies)
 
 
-def matrices(bandwidth: float, models: tuple[str, ...] = ("llama2-7b", "llama3-8b")) -> list[dict]:
+def matrices(bandwidth: float, models: tuple[str, ...] = ("llama2-7b", "llama3-8b"), quick: bool = False) -> list[dict]:
     """Per projection shape (one row) of `models`: the read kernel's configurations over the matrix's bytes,
     and the projection kernel (kernels/gemv.py as the model calls it) with dependent launch off and on."""
     rows = []
@@ -102,7 +102,8 @@ def matrices(bandwidth: float, models: tuple[str, ...] = ("llama2-7b", "llama3-8
         row = gemv_bench.measure(name, n, k, prologue, 1, w, 1e-5)
         copies = [c.view(-1) for c in gemv_bench._weight_copies(w)]
         reads = []
-        for chunk_kb, block, unroll, warps in itertools.product((8, 16, 32), (1024, 2048, 4096), (1, 2), (4, 8)):
+        grid = ((16, 32), (1024, 4096), (2,), (4, 8)) if quick else ((8, 16, 32), (1024, 2048, 4096), (1, 2), (4, 8))
+        for chunk_kb, block, unroll, warps in itertools.product(*grid):
             chunk = chunk_kb * 1024 // 2
             if block * unroll > chunk or copies[0].numel() % chunk or block * unroll // (32 * warps) > 64:
                 continue
@@ -125,10 +126,11 @@ def main() -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--matrices", action="store_true", help="the projections' bytes (see the docstring)")
     parser.add_argument("--models", default="llama2-7b,llama3-8b", help="--matrices: these models' projections")
+    parser.add_argument("--quick", action="store_true", help="--matrices: 8 read configurations, not the full grid")
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     if args.matrices:
-        save({**device_facts(bandwidth), "rows": matrices(bandwidth, tuple(args.models.split(",")))}, args.out)
+        save({**device_facts(bandwidth), "rows": matrices(bandwidth, tuple(args.models.split(",")), args.quick)}, args.out)
         return
     x = torch.rand(BUFFER_BYTES // 2, device="cuda", dtype=torch.bfloat16)
     expected = x.sum(dtype=torch.float32).item()

@@ -7,7 +7,8 @@
 #   2. single stream, main8, gemvw, gemvw, main8 (2 runs each): Llama-2-7B and Llama-3-8B (short: the 7B only)
 #   3. gate/up alone, every one-row tile (bench/gemv.py --sweep, the model's interleaved layout), each package
 #   4. run3's short mode (cap1 against main8, the attention alone at 159-478 sequences)
-# MODE `short` (~4-5 minutes): 1 and 2 (the 7B only); `tiny` (~3 minutes): 1 (the 7B only) and one pair.
+# MODE `short` (~4-5 minutes): 1 and 2 (the 7B only); `tiny` (~3 minutes): 1 (the 7B only) and one pair;
+# `micro` (~1.5 minutes): 1 only, the 7B's projections, 8 read configurations.
 set -uo pipefail
 out=$1; mode=${2:-full}; mkdir -p "$out"; w=/tmp/w4; rm -rf $w; mkdir -p $w
 pack() { tar czf "$out/run4.tgz" -C $w . 2>/dev/null; }
@@ -17,9 +18,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
   timeout $limit "$@" > $w/$name.log 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s" >> $w/session.log; }
-step read_matrices $([ "$mode" = tiny ] && echo 110 || echo 150) python3 bench/read_ceiling.py --matrices --out $w/read_matrices.json \
-  --models $([ "$mode" = tiny ] && echo llama2-7b || echo llama2-7b,llama3-8b)
+small=$(case $mode in tiny|micro) echo 1;; esac)
+step read_matrices $([ -n "$small" ] && echo 110 || echo 150) python3 bench/read_ceiling.py --matrices --out $w/read_matrices.json \
+  --models $([ -n "$small" ] && echo llama2-7b || echo llama2-7b,llama3-8b) $([ "$mode" = micro ] && echo --quick)
 pack
+[ "$mode" = micro ] && { kill $packer; pack; exit 0; }
 models="llama2-7b llama3-8b"; [ "$mode" != full ] && models=llama2-7b
 order="main8 gemvw gemvw main8"; [ "$mode" = tiny ] && order="main8 gemvw"
 n=0; for v in $order; do n=$((n + 1))
