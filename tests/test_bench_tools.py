@@ -248,6 +248,29 @@ def test_the_read_ceilings_matrix_read_sums_each_copy_it_cycles_through(monkeypa
         assert read_ceiling.matrix_read(copies, chunk, block, unroll, 4) == 2.0
 
 
+def test_the_load_order_probe_counts_loads_a_warp_issues_only_after_a_wait():
+    """bench/load_order.py on a hand-written loop: the up tile's load (R16) comes after an instruction
+    that reads the gate tile's registers (R12..R15), so it is counted; an address computed from a register
+    that is not a load's does not count as a wait; a loop without global loads is not reported."""
+    load_order = _load("load_order")
+    sass = """
+.L_x_1:
+        /*0100*/                   IMAD.WIDE R40, R39, 0x2, R40 ;
+        /*0110*/              @!P0 LDG.E.128 R8, desc[UR12][R40.64] ;
+        /*0120*/               @P0 LDG.E.128 R12, desc[UR12][R42.64] ;
+        /*0130*/                   IMAD.WIDE R44, R39, 0x2, R44 ;
+        /*0140*/                   SHF.L.U32 R30, R13, 0x10, RZ ;
+        /*0150*/               @P0 LDG.E.128 R16, desc[UR12][R44.64] ;
+        /*0160*/                   FFMA R2, R30, R17, R2 ;
+        /*0170*/              @!P0 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0180*/                   FADD R2, R2, R3 ;
+        /*0190*/                   BRA `(.L_x_2) ;
+"""
+    assert load_order.loop_load_order(sass) == [
+        {"label": ".L_x_1", "instructions": 7, "loads": 3, "first_use": 4, "loads_after_first_use": 1}]
+
+
 @pytest.mark.parametrize("interleave", [0, 4, 16])
 def test_the_projection_benchmark_times_gate_up_in_the_layout_it_names(interleave):
     """bench/gemv.py --interleave: the fused gate/up it times reads W's rows in that layout (interleaved in
