@@ -50,7 +50,7 @@ def loop_load_order(sass: str) -> list[dict]:
         text = sass[start:start + back.start()].rsplit("\n", 1)[0]  # NOTE: up to the branch's line, not into it
         body = [re.sub(r";.*", "", line.split("*/", 1)[1]).strip()
                 for line in text.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
-        pending: set[int] = set()  # registers an issued load has not yet delivered to a reader
+        pending: set[int] = set()  # the registers the loads issued so far in this iteration write
         loads = after_use = 0
         first_use = None
         for index, line in enumerate(body):

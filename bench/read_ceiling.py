@@ -95,6 +95,7 @@ def matrices(bandwidth: float, models: tuple[str, ...] = ("llama2-7b", "llama3-8
     """Per projection shape (one row) of `models`: the read kernel's configurations over the matrix's bytes,
     and the projection kernel (kernels/gemv.py as the model calls it) with dependent launch off and on."""
     rows = []
+    grid = ((16, 32), (1024, 4096), (2,), (4, 8)) if quick else ((8, 16, 32), (1024, 2048, 4096), (1, 2), (4, 8))
     for name, n, k, prologue in gemv_bench.SHAPES:
         if not name.startswith(models) or name.endswith("as_norm"):
             continue
@@ -102,7 +103,6 @@ def matrices(bandwidth: float, models: tuple[str, ...] = ("llama2-7b", "llama3-8
         row = gemv_bench.measure(name, n, k, prologue, 1, w, 1e-5)
         copies = [c.view(-1) for c in gemv_bench._weight_copies(w)]
         reads = []
-        grid = ((16, 32), (1024, 4096), (2,), (4, 8)) if quick else ((8, 16, 32), (1024, 2048, 4096), (1, 2), (4, 8))
         for chunk_kb, block, unroll, warps in itertools.product(*grid):
             chunk = chunk_kb * 1024 // 2
             if block * unroll > chunk or copies[0].numel() % chunk or block * unroll // (32 * warps) > 64:
@@ -130,7 +130,8 @@ def main() -> None:
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
     if args.matrices:
-        save({**device_facts(bandwidth), "rows": matrices(bandwidth, tuple(args.models.split(",")), args.quick)}, args.out)
+        rows = matrices(bandwidth, tuple(args.models.split(",")), args.quick)
+        save({**device_facts(bandwidth), "rows": rows}, args.out)
         return
     x = torch.rand(BUFFER_BYTES // 2, device="cuda", dtype=torch.bfloat16)
     expected = x.sum(dtype=torch.float32).item()
