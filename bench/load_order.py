@@ -5,7 +5,9 @@ waits for that load to arrive: the two round trips are serialised, and the loop 
 than its tiles suggest. Which instructions come first is ptxas's choice, not the source's. Found so
 (fiftieth session, bench/results/gpu-2026-12-07): main's one-row gate/up in a 1 x 512 tile of 2 warps issued
 its up row only once its gate row had arrived, while the autotuner's usual 4 x 1,024 tile issued all ten loads
-first.
+first; and the plain projections (o, down) ask for their next, double-buffered, W tile only once the loop's x
+tile has come from L2 (bench/results/gpu-2026-12-07/gemv_x_double_buffer.diff loads x ahead too; not measured
+yet).
 
 For each of the autotuner's one-row configurations (kernels/gemv.py `_row_configs`) and each kind of
 projection (norm prologue: q/k/v and the LM head; SwiGLU: gate/up, interleaved as the model lays it out; plain
