@@ -30,7 +30,8 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# NOTE: appended, so that a tree named first on PYTHONPATH (an A/B variant in ab/) is the one compiled
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 KINDS = {  # the flags of each kind of one-row projection, as the model launches it on an H200
     "norm": dict(ADD_RESIDUAL=False, RMS_NORM=True, SWIGLU=False, ADD_TO_OUTPUT=False, INTERLEAVE=0),

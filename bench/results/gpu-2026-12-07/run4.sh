@@ -10,19 +10,13 @@
 # MODE `short` (~4-5 minutes): 1 and 2 (the 7B only); `tiny` (~3 minutes): 1 (the 7B only) and one pair;
 # `micro` (~1.5 minutes): 1 only, the 7B's projections, 8 read configurations.
 set -uo pipefail
-out=$1; mode=${2:-full}; mkdir -p "$out"; w=/tmp/w4; rm -rf $w; mkdir -p $w
-pack() { tar czf "$out/run4.tgz" -C $w . 2>/dev/null; }
-nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv > $w/card.txt 2>&1
-(while sleep 15; do pack; done) & packer=$!
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
-  timeout $limit "$@" > $w/$name.log 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s" >> $w/session.log; }
+mode=${2:-full}
+. bench/results/gpu-2026-12-07/call.sh run4 "$1"
 small=$(case $mode in tiny|micro) echo 1;; esac)
 step read_matrices $([ -n "$small" ] && echo 110 || echo 150) python3 bench/read_ceiling.py --matrices --out $w/read_matrices.json \
   --models $([ -n "$small" ] && echo llama2-7b || echo llama2-7b,llama3-8b) $([ "$mode" = micro ] && echo --quick)
 pack
-[ "$mode" = micro ] && { kill $packer; pack; exit 0; }
+[ "$mode" = micro ] && { finish; exit 0; }
 models="llama2-7b llama3-8b"; [ "$mode" != full ] && models=llama2-7b
 order="main8 gemvw gemvw main8"; [ "$mode" = tiny ] && order="main8 gemvw"
 n=0; for v in $order; do n=$((n + 1))
@@ -34,4 +28,4 @@ pack
     --shapes "llama2-7b gate_up,llama3-8b gate_up" --interleave 128 --out $w/sweep_gate_up_$v.json; done
 pack
 [ "$mode" != full ] || step run3 100 bash bench/results/gpu-2026-12-07/run3.sh $w/run3 short
-kill $packer; pack
+finish

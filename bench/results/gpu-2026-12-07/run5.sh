@@ -9,19 +9,13 @@
 #   3. o and down alone (bench/gemv.py, dependent launch off and on, the autotuner's tile), main8 then xbuf
 # MODE `micro` (~2 minutes): 1 only.
 set -uo pipefail
-out=$1; mode=${2:-full}; mkdir -p "$out"; w=/tmp/w5; rm -rf $w; mkdir -p $w
-pack() { tar czf "$out/run5.tgz" -C $w . 2>/dev/null; }
-nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv > $w/card.txt 2>&1
-(while sleep 15; do pack; done) & packer=$!
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-step() { local name=$1 limit=$2; shift 2; local t=$(date +%s)
-  timeout $limit "$@" > $w/$name.log 2>&1; echo "$name rc=$? $(( $(date +%s) - t ))s" >> $w/session.log; }
+mode=${2:-full}
+. bench/results/gpu-2026-12-07/call.sh run5 "$1"
 for v in main8 xbuf; do
   PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step sweep_down_$v 75 python3 bench/gemv.py --sweep --rows 1 \
     --shapes "llama2-7b down" --out $w/sweep_down_$v.json; done
 pack
-[ "$mode" = micro ] && { kill $packer; pack; exit 0; }
+[ "$mode" = micro ] && { finish; exit 0; }
 n=0; for v in main8 xbuf xbuf main8; do n=$((n + 1))
   PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step single_stream_${n}_$v 90 python3 bench/single_stream.py \
     --models llama2-7b --peers none --runs 2 --out $w/single_stream_${n}_$v.json; done
@@ -29,4 +23,4 @@ pack
 for v in main8 xbuf; do
   PYTHONPATH=$PWD/ab/$v:$PYTHONPATH step gemv_$v 60 python3 bench/gemv.py --rows 1 \
     --shapes "llama2-7b o,llama2-7b down,llama3-8b down" --out $w/gemv_$v.json; done
-kill $packer; pack
+finish
