@@ -209,14 +209,22 @@ def main() -> None:
                         help="EngineArgs.fused_gemv_rows (default: the engine's); 0: projections through cuBLAS and separate norm/activation kernels")
     parser.add_argument("--no-dependent-launch", action="store_true",
                         help="EngineArgs.dependent_launch=False: decode kernels in plain stream order")
+    parser.add_argument("--pin-tiles", default=None,
+                        help="a JSON of kernels/gemv.py's tuned_configs() from an earlier process: launch with those tiles, untimed")
     args = parser.parse_args()
+    if args.pin_tiles:
+        from bento_pagedllm.kernels import gemv
+
+        with open(args.pin_tiles) as f:
+            gemv.pin_tiles(json.load(f))
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
     bandwidth = copy_bandwidth()
     prompt = single_stream_prompt()
     results = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
                "torch": torch.__version__, "copy_bandwidth_tbs": bandwidth / 1e12,
-               "tensor_parallel_size": args.tensor_parallel_size, "peer_all_reduce": args.peer_all_reduce, "models": {}}
+               "tensor_parallel_size": args.tensor_parallel_size, "peer_all_reduce": args.peer_all_reduce,
+               "pinned_tiles": args.pin_tiles, "models": {}}
     for name in args.models:
         path = config_dir(SHAPES[name])
         from bento_pagedllm.config import ModelConfig

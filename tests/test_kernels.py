@@ -263,6 +263,28 @@ def test_the_decode_split_count_stays_within_its_limits():
     assert choose_num_splits(4096, 1, 32, 8, cpu) == 16 and choose_num_splits(1024, 8, 32, 8, cpu) == 9
 
 
+def test_pinned_tiles_round_trip_a_recorded_choice(monkeypatch):
+    """gemv.pin_tiles puts an earlier process's `tuned_configs()` record (JSON-ready) back into the autotuner
+    of each key's row tile, where its launch looks the key up before timing anything: the record round-trips
+    exactly. (tests/gpu: the keys are those a launch looks up.)"""
+    import json
+
+    from bento_pagedllm.kernels import gemv
+
+    monkeypatch.setattr(gemv, "_tuned_one_row", gemv._autotuned(gemv._row_configs()))
+    monkeypatch.setattr(gemv, "_tuned_rows", gemv._autotuned(gemv._tile_configs()))
+    dtypes = ("torch.bfloat16",) * 7
+    one_row = (4096, 11008, 1, False, False, False, True, True, 0, *dtypes)  # down: residual added, PDL
+    tile = (4096, 4096, 16, False, True, False, False, True, 0, *dtypes)  # 16 rows with the norm
+    table = {str(one_row): {"BLOCK_N": 2, "BLOCK_K": 1024, "num_warps": 4, "num_stages": 3},
+             str(tile): {"BLOCK_N": 64, "BLOCK_K": 256, "num_warps": 4, "num_stages": 4}}
+    gemv.pin_tiles(json.loads(json.dumps(table)))
+    assert list(gemv._tuned_one_row.cache) == [one_row] and list(gemv._tuned_rows.cache) == [tile]
+    assert gemv.tuned_configs() == table
+    with pytest.raises(AssertionError):
+        gemv.pin_tiles({"(4096, 4096)": table[str(tile)]})  # not a tuning key
+
+
 def test_a_projection_compiles_every_row_tile_it_will_use_at_its_first_call(monkeypatch):
     """gemv's autotuned path: the first call of a projection compiles, in threads, every configuration of
     every row tile its caller names (`row_tiles`), each with the call's arguments and exactly the flags and

@@ -45,6 +45,7 @@ each graph capture); under Triton's interpreter fixed configurations run.
 
 from __future__ import annotations
 
+import ast
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -257,22 +258,43 @@ def _quick_bench(kernel_call, quantiles):
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 
+# what the autotuners key their choice on (then Triton appends the tensor arguments' dtypes)
+TUNING_KEY = ["N", "K", "BLOCK_M", "ADD_RESIDUAL", "RMS_NORM", "SWIGLU", "ADD_TO_OUTPUT", "USE_PDL", "INTERLEAVE"]
+
+
 def _autotuned(configs: list[triton.Config]):
     """NOTE: tuned per row tile (BLOCK_M: 1, 16, 32 or 64) too: a decode graph's batch picks its tile."""
     return triton.autotune(
-        configs=configs,
-        key=["N", "K", "BLOCK_M", "ADD_RESIDUAL", "RMS_NORM", "SWIGLU", "ADD_TO_OUTPUT", "USE_PDL", "INTERLEAVE"],
-        do_bench=_quick_bench, prune_configs_by={"early_config_prune": _prune},
+        configs=configs, key=TUNING_KEY, do_bench=_quick_bench, prune_configs_by={"early_config_prune": _prune},
     )(_gemv_kernel)
 
 
 _tuned_one_row, _tuned_rows = _autotuned(_row_configs()), _autotuned(_tile_configs())
 
 
-def tuned_configs() -> dict[str, str]:
+def tuned_configs() -> dict[str, dict]:
     """What the autotuners chose in this process, per tuning key (N, K, row tile, flags, dtypes): for
-    benchmarks to record, since the choice is re-made (and may differ) in every process."""
-    return {str(key): str(config) for tuner in (_tuned_one_row, _tuned_rows) for key, config in tuner.cache.items()}
+    benchmarks to record, since the choice is re-made (and may differ) in every process; `pin_tiles`
+    takes such a record back."""
+    return {str(key): {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+            for tuner in (_tuned_one_row, _tuned_rows) for key, config in tuner.cache.items()}
+
+
+def pin_tiles(table: dict[str, dict]) -> None:
+    """Make this process launch each tuning key of `table` (a `tuned_configs()` of an earlier process)
+    with its recorded configuration, untimed; keys not in it are autotuned as before.
+
+    Why: the autotuner ranks configurations by short timings of each kernel alone, and those rankings
+    differ from process to process: four processes of one Llama-2-7B package on one H100 picked three
+    tile sets for gate/up and o, and their decode steps took 4.70 to 4.79 ms (bench/results/
+    gpu-2026-12-07/run5). A table from a fast process replays its choice."""
+    block_m_at = TUNING_KEY.index("BLOCK_M")
+    for text, fields in table.items():
+        key = ast.literal_eval(text)  # NOTE: str() of a tuple of ints, bools and dtype names
+        assert isinstance(key, tuple) and len(key) > len(TUNING_KEY), text
+        tiles = {name: fields[name] for name in ("BLOCK_N", "BLOCK_K")}
+        _tuner(key[block_m_at]).cache[key] = triton.Config(tiles, num_warps=fields["num_warps"],
+                                                           num_stages=fields["num_stages"])
 
 
 def _tuner(block_m: int):

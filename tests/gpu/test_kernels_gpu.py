@@ -132,6 +132,30 @@ def test_projections_of_a_few_tokens_match_reference(n, k, rows, dtype, config):
     check_gemv(n, k, dtype, "cuda", config=config, rows=rows, pdl=PDL)
 
 
+def test_a_pinned_tile_is_the_one_a_launch_uses():
+    """gemv.pin_tiles' keys are those the autotuner's launch looks up: a projection tuned, its record pinned
+    with another configuration into an emptied cache, launches untimed (no key added) and still matches."""
+    from bento_pagedllm.kernels import gemv
+
+    x, weight = torch.randn(1, 4096, device="cuda", dtype=BF16), torch.randn(4096, 4096, device="cuda", dtype=BF16)
+    expected = gemv.gemv(x, weight, pdl=PDL)
+    (key,) = [key for key in gemv.tuned_configs() if key.startswith("(4096, 4096, 1, False, False, False, False")]
+    chosen = gemv.tuned_configs()[key]
+    other = next({**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
+                 for c in gemv._prune(gemv._row_configs(), {"K": 4096}, BLOCK_M=1)
+                 if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) != (chosen["BLOCK_N"], chosen["BLOCK_K"]))
+    saved = dict(gemv._tuned_one_row.cache)
+    try:
+        gemv._tuned_one_row.cache.clear()
+        gemv.pin_tiles({key: other})
+        out = gemv.gemv(x, weight, pdl=PDL)
+        assert [str(k) for k in gemv._tuned_one_row.cache] == [key] and gemv.tuned_configs()[key] == other
+    finally:
+        gemv._tuned_one_row.cache.clear()
+        gemv._tuned_one_row.cache.update(saved)
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("dtype", [BF16, torch.float32])
 @pytest.mark.parametrize("rows,vocab", [(1, 32000), (7, 128256), (64, 49152)])  # the three shapes' vocabularies
 def test_argmax_picks_the_first_maximum_like_torch(rows, vocab, dtype):
