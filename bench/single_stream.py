@@ -210,13 +210,14 @@ def main() -> None:
     parser.add_argument("--no-dependent-launch", action="store_true",
                         help="EngineArgs.dependent_launch=False: decode kernels in plain stream order")
     parser.add_argument("--pin-tiles", default=None,
-                        help="a JSON of kernels/gemv.py's tuned_configs() from an earlier process: launch with those tiles, untimed")
+                        help="kernels/gemv.py's tuned_configs() of an earlier process (or a tile_search.py result): launch with those tiles, untimed")
     args = parser.parse_args()
     if args.pin_tiles:
         from bento_pagedllm.kernels import gemv
 
         with open(args.pin_tiles) as f:
-            gemv.pin_tiles(json.load(f))
+            table = json.load(f)
+        gemv.pin_tiles(table.get("table", table))  # NOTE: a tile_search.py result holds its table
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
     bandwidth = copy_bandwidth()
