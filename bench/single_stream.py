@@ -109,7 +109,8 @@ def bench_engine(path: str, prompt: list[int], runs: int, profile_path: str | No
               "ttft_s": statistics.median(ttft), "decode_tok_s": statistics.median(decode),
               "async_scheduling": llm.engine.configs.async_scheduling,
               "fused_gemv_rows": llm.engine.configs.fused_gemv_rows,
-              "dependent_launch": llm.engine.configs.dependent_launch}
+              "dependent_launch": llm.engine.configs.dependent_launch,
+              "measured_tiles": llm.engine.configs.measured_tiles}
     if torch.cuda.is_available():  # the projections' tile configurations this process's autotuner chose
         from bento_pagedllm.kernels import gemv
 
@@ -209,6 +210,8 @@ def main() -> None:
                         help="EngineArgs.fused_gemv_rows (default: the engine's); 0: projections through cuBLAS and separate norm/activation kernels")
     parser.add_argument("--no-dependent-launch", action="store_true",
                         help="EngineArgs.dependent_launch=False: decode kernels in plain stream order")
+    parser.add_argument("--no-measured-tiles", action="store_true",
+                        help="EngineArgs.measured_tiles=False: autotune every projection, this GPU's tile table unused")
     parser.add_argument("--pin-tiles", default=None,
                         help="kernels/gemv.py's tuned_configs() of an earlier process (or a tile_search.py result): launch with those tiles, untimed")
     args = parser.parse_args()
@@ -237,6 +240,8 @@ def main() -> None:
         options = {} if args.fused_gemv_rows is None else {"fused_gemv_rows": args.fused_gemv_rows}
         if args.no_dependent_launch:
             options["dependent_launch"] = False
+        if args.no_measured_tiles or args.pin_tiles:  # NOTE: the engine's table would override --pin-tiles
+            options["measured_tiles"] = False
         entry["engine"] = bench_engine(path, prompt, args.runs, profile_path, args.tensor_parallel_size,
                                        peer_all_reduce=args.peer_all_reduce, **options)
         results["models"][name] = entry

@@ -249,6 +249,7 @@ class EngineConfigs:
     peer_all_reduce: bool = False  # CUDA tensor parallelism: all-reduces up to 8 MB through NVLink peer memory
     fused_gemv_rows: int = FUSED_GEMV_ROWS  # CUDA, 16-bit: steps of up to this many tokens project with kernels/gemv.py
     dependent_launch: bool = True  # CUDA 9.0+: decode kernels launch as programmatic dependents (kernels/gemv.py)
+    measured_tiles: bool = True  # CUDA: one-row projections take this GPU's measured tiles (kernels/tiles/), if any
     quiet_gc: bool = False  # freeze the startup heap, collect young objects less often (engine.py)
 
 
@@ -304,6 +305,13 @@ class EngineArgs:
     # launch as programmatic dependents of the kernel before them, so each starts (and asks L2 for its
     # first weights) while the one before finishes (kernels/gemv.py). Off: plain stream order.
     dependent_launch: bool = True
+    # On CUDA: the one-row projections (single-stream decode) launch with the tiles found fastest for this
+    # GPU by the whole decode step's time (bench/tile_search.py), where the package has a table for the GPU
+    # (kernels/tiles/<GPU name>.json); other projections, and GPUs without a table, are autotuned. Why: the
+    # autotuner judges each kernel alone, and its choices (different in every process) left Llama-2-7B's
+    # single stream 2-3% slower on an H100 (BENCHMARKS.md, "The single stream's speed is the autotuner's
+    # tile choice"). False: autotune them all.
+    measured_tiles: bool = True
     # Tune the process's garbage collector once the engine is built: the startup heap frozen, young
     # objects collected every 20,000 allocations instead of 700 (engine.py::quiet_garbage_collector;
     # `shutdown` unfreezes). For a process that runs one engine for its life: the engine process sets it
@@ -361,6 +369,7 @@ class EngineArgs:
             peer_all_reduce=self.peer_all_reduce,
             fused_gemv_rows=self.fused_gemv_rows,
             dependent_launch=self.dependent_launch,
+            measured_tiles=self.measured_tiles,
             quiet_gc=self.quiet_gc,
         )
 

@@ -54,7 +54,8 @@ def build_model(configs: EngineConfigs, source: ModelSource | None,
         with torch.device(device):
             model = LlamaForCausalLM(configs.model, max_positions=configs.scheduler.max_model_len, device=device,
                                      parallel=parallel, fused_gemv_rows=configs.fused_gemv_rows,
-                                     dependent_launch=configs.dependent_launch)
+                                     dependent_launch=configs.dependent_launch,
+                                     measured_tiles=configs.measured_tiles)
     finally:
         torch.set_default_dtype(previous)
     # NOTE: rotary tables stay float32 whatever the model dtype, as in transformers.

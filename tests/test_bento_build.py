@@ -15,6 +15,7 @@ import yaml
 from bento_pagedllm.web import STATIC_DIR
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TILES_DIR = os.path.join(REPO, "bento_pagedllm", "kernels", "tiles")
 BIN = os.path.dirname(sys.executable)
 
 
@@ -39,7 +40,8 @@ def test_bentoml_build_offline_references_the_model(smollm2_model):
     src = os.path.join(bento_dir, "src")
     for path in ("service.py", "bento_pagedllm/engine.py", "bento_pagedllm/openai/routes.py",
                  "bento_pagedllm/kernels/__init__.py", "bento_pagedllm/web/app.py",
-                 *(f"bento_pagedllm/web/static/{name}" for name in os.listdir(STATIC_DIR))):
+                 *(f"bento_pagedllm/web/static/{name}" for name in os.listdir(STATIC_DIR)),
+                 *(f"bento_pagedllm/kernels/tiles/{name}" for name in os.listdir(TILES_DIR))):
         assert os.path.isfile(os.path.join(src, path)), path
     assert not os.path.exists(os.path.join(src, "tests"))
     with open(os.path.join(bento_dir, "env", "docker", "Dockerfile")) as f:
@@ -56,7 +58,8 @@ def test_bentoml_build_offline_references_the_model(smollm2_model):
 
 @pytest.mark.timeout(300)
 def test_the_wheel_ships_the_chat_page(tmp_path):
-    """pyproject's package data: an installed package serves /chat from the same files as the source tree."""
+    """pyproject's package data: an installed package serves /chat from the same files as the source tree,
+    and pins the same measured tiles (kernels/tiles/)."""
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                              "-w", str(tmp_path), REPO], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -66,6 +69,8 @@ def test_the_wheel_ships_the_chat_page(tmp_path):
     for name in os.listdir(STATIC_DIR):
         assert f"bento_pagedllm/web/static/{name}" in names, name
     assert "bento_pagedllm/web/app.py" in names
+    for name in os.listdir(TILES_DIR):
+        assert f"bento_pagedllm/kernels/tiles/{name}" in names, name
 
 
 @pytest.mark.parametrize("where", ["the project root", "elsewhere"])

@@ -222,19 +222,22 @@ def test_the_row_tiles_the_engine_tunes_at_start_up():
 
 def test_dependent_launch_is_taken_only_where_the_gpu_has_it():
     """Programmatic dependent launch needs compute capability 9+: never on the CPU (the interpreter cannot
-    run its instructions), and the setting reaches the engine's configs."""
+    run its instructions), and the setting reaches the engine's configs; so does `measured_tiles` (the
+    CPU has no tiles)."""
     from bento_pagedllm.config import EngineArgs, ModelConfig
     from bento_pagedllm.models.ops import TorchOps, TritonOps, ops_for, supports_dependent_launch
 
     cpu = torch.device("cpu")
     assert not supports_dependent_launch(cpu)
     assert isinstance(ops_for(cpu, dependent_launch=True), TorchOps)
+    assert isinstance(ops_for(cpu, measured_tiles=True), TorchOps)
     assert TritonOps().pdl is False and TritonOps(16, dependent_launch=True).pdl is True
     tiny = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                        num_attention_heads=2, num_key_value_heads=1)
     for setting in (True, False):
-        args = EngineArgs(model="unused", device="cpu", dependent_launch=setting)
-        assert args.create_configs(tiny, "unused").dependent_launch is setting
+        args = EngineArgs(model="unused", device="cpu", dependent_launch=setting, measured_tiles=setting)
+        configs = args.create_configs(tiny, "unused")
+        assert configs.dependent_launch is setting and configs.measured_tiles is setting
 
 
 def test_the_decode_split_count_stays_within_its_limits():
@@ -261,6 +264,29 @@ def test_the_decode_split_count_stays_within_its_limits():
                     elif pairs >= 132:
                         assert splits == min(2 if pairs >= 3 * 132 else 4, -(-context // 64))
     assert choose_num_splits(4096, 1, 32, 8, cpu) == 16 and choose_num_splits(1024, 8, 32, 8, cpu) == 9
+
+
+def test_the_packaged_tile_tables_name_one_row_keys_and_tiles_compiled_ahead():
+    """Each GPU's measured table (kernels/tiles/, bench/tile_search.py) pins one-row tuning keys only (the
+    search times single-stream steps), each to a configuration the autotuner offers that key, so the
+    projection's first call compiles it ahead with the rest; a GPU without a table gets none."""
+    import ast
+    import json
+
+    from bento_pagedllm.kernels import gemv
+
+    tables = sorted(gemv.TILE_TABLES.glob("*.json"))
+    assert tables and gemv.measured_tiles("NVIDIA H100 80GB HBM3") and gemv.measured_tiles("A GPU of 2040") == {}
+    for path in tables:
+        gpu = json.loads(path.read_text())["gpu"]
+        assert gemv.measured_tiles(gpu) == json.loads(path.read_text())["table"]
+        for text, fields in gemv.measured_tiles(gpu).items():
+            key = ast.literal_eval(text)
+            flags = dict(zip(gemv.TUNING_KEY, key))
+            assert flags["BLOCK_M"] == 1 and len(key) == len(gemv.TUNING_KEY) + 7, text  # + 7 tensors' dtypes
+            offered = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
+                       for c in gemv._prune(gemv._row_configs(), flags, **flags)}
+            assert (fields["BLOCK_N"], fields["BLOCK_K"], fields["num_warps"], fields["num_stages"]) in offered
 
 
 def test_pinned_tiles_round_trip_a_recorded_choice(monkeypatch):

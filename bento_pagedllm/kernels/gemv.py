@@ -46,8 +46,11 @@ each graph capture); under Triton's interpreter fixed configurations run.
 from __future__ import annotations
 
 import ast
+import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 import triton
@@ -278,6 +281,21 @@ def tuned_configs() -> dict[str, dict]:
     takes such a record back."""
     return {str(key): {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
             for tuner in (_tuned_one_row, _tuned_rows) for key, config in tuner.cache.items()}
+
+
+# the one-row tiles measured fastest in a whole decode step, per GPU (bench/tile_search.py; `measured_tiles`)
+TILE_TABLES = Path(__file__).parent / "tiles"
+
+
+def measured_tiles(gpu_name: str) -> dict[str, dict]:
+    """The package's tile table for a GPU (its `torch.cuda.get_device_name()`), for `pin_tiles`; {} if none.
+    NOTE: its keys name dtypes and flags (dependent launch, gate/up's interleaved rows): a model run
+    otherwise meets none of them and is autotuned."""
+    path = TILE_TABLES / (re.sub(r"[^A-Za-z0-9]+", "_", gpu_name).strip("_") + ".json")
+    if not path.exists():
+        return {}
+    with open(path) as f:
+        return json.load(f)["table"]
 
 
 def pin_tiles(table: dict[str, dict]) -> None:

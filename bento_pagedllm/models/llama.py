@@ -122,14 +122,14 @@ _RENAMED = {
 class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, max_positions: int, device: torch.device | None = None,
                  parallel: ParallelConfig | None = None, fused_gemv_rows: int = FUSED_GEMV_ROWS,
-                 dependent_launch: bool = True) -> None:
+                 dependent_launch: bool = True, measured_tiles: bool = False) -> None:
         super().__init__()
         self.config = config
         self.parallel = parallel = parallel or ParallelConfig()
         device = device or torch.device("cpu")
         # NOTE: prepare_for_cpu may swap in NativeCpuOps
         pdl = dependent_launch and supports_dependent_launch(device)  # NOTE: the setting, where the GPU has it
-        self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv_rows, pdl)
+        self.ops: TorchOps | TritonOps = ops_for(device, fused_gemv_rows, pdl, measured_tiles)
         self.backend = attention_backend_for(device, pdl)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, parallel)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, parallel) for _ in range(config.num_hidden_layers))

@@ -133,14 +133,18 @@ class TritonOps(ComposedOps):
     and (at tensor-parallel size 1) the residual add after o and down folded in (kernels/gemv.py). Bigger
     steps keep cuBLAS and the separate kernels. `dependent_launch`: the projections and the rotary kernel
     launch as programmatic dependents of the kernel before them (compute capability 9+ only).
+    `tile_table_for`: a GPU whose measured tile table (if the package has one) the projections launch with.
     """
 
     def __init__(self, fused_gemv_rows: int = FUSED_GEMV_ROWS, dependent_launch: bool = False,
-                 swiglu_gemm_rows: int = SWIGLU_GEMM_ROWS) -> None:
+                 swiglu_gemm_rows: int = SWIGLU_GEMM_ROWS, tile_table_for: torch.device | None = None) -> None:
         from ..kernels import activation, gemv, rms_norm as norm, rotary, swiglu_gemm
 
         if not 0 <= fused_gemv_rows <= gemv.MAX_ROWS:
             raise ValueError(f"fused_gemv_rows must be 0 to {gemv.MAX_ROWS}, not {fused_gemv_rows}")
+        if tile_table_for is not None:
+            # NOTE: the process's autotuners are shared: a later engine of the process keeps these pins
+            gemv.pin_tiles(gemv.measured_tiles(torch.cuda.get_device_name(tile_table_for)))
         self._norm, self._fused_norm = norm.rms_norm, norm.fused_add_rms_norm
         self._rotary_store_kv, self._silu_and_mul = rotary.rotary_and_store_kv, activation.silu_and_mul
         self._gemv, self._swiglu_gemm = gemv, swiglu_gemm
@@ -233,10 +237,13 @@ def supports_dependent_launch(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def ops_for(device: torch.device, fused_gemv_rows: int = FUSED_GEMV_ROWS,
-            dependent_launch: bool = False) -> TorchOps | TritonOps:
-    """`dependent_launch`: already resolved for the device (`supports_dependent_launch`)."""
-    return TritonOps(fused_gemv_rows, dependent_launch) if device.type == "cuda" else TorchOps()
+def ops_for(device: torch.device, fused_gemv_rows: int = FUSED_GEMV_ROWS, dependent_launch: bool = False,
+            measured_tiles: bool = False) -> TorchOps | TritonOps:
+    """`dependent_launch`: already resolved for the device (`supports_dependent_launch`). `measured_tiles`:
+    pin the package's tile table for this GPU, if it has one (kernels/gemv.py::measured_tiles)."""
+    if device.type != "cuda":
+        return TorchOps()
+    return TritonOps(fused_gemv_rows, dependent_launch, tile_table_for=device if measured_tiles else None)
 
 
 def attention_backend_for(device: torch.device, dependent_launch: bool = False):

@@ -156,6 +156,18 @@ def test_a_pinned_tile_is_the_one_a_launch_uses():
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
 
 
+def test_the_engines_ops_pin_this_gpus_measured_tiles():
+    """TritonOps built for this GPU with its measured table (EngineArgs.measured_tiles) leave each of the
+    table's keys pinned in the one-row autotuner (none where the package has no table for the GPU)."""
+    from bento_pagedllm.kernels import gemv
+    from bento_pagedllm.models.ops import ops_for
+
+    table = gemv.measured_tiles(torch.cuda.get_device_name())
+    ops_for(torch.device("cuda"), dependent_launch=PDL, measured_tiles=True)
+    tuned = gemv.tuned_configs()
+    assert {key: tuned.get(key) for key in table} == table
+
+
 @pytest.mark.parametrize("dtype", [BF16, torch.float32])
 @pytest.mark.parametrize("rows,vocab", [(1, 32000), (7, 128256), (64, 49152)])  # the three shapes' vocabularies
 def test_argmax_picks_the_first_maximum_like_torch(rows, vocab, dtype):
