@@ -14,12 +14,20 @@ contexts) plus the median of as many LM-head launches (it runs outside the graph
 is the process's `gemv.tuned_configs()` afterwards: `single_stream.py --pin-tiles` takes it.
 
     python bench/tile_search.py --model llama2-7b --out tiles.json  # then: single_stream.py --pin-tiles with its table
+
+A GPU's packaged table (kernels/tiles/, pinned by EngineArgs.measured_tiles) from searches' results, the
+one-row keys only (the tile-row keys in a result are the autotuner's, unsearched); where results share a key
+(o: 4,096 x 4,096 in Llama-2-7B and Llama-3-8B) the last named wins:
+
+    python bench/tile_search.py --package llama3-8b.json llama2-7b.json --note "..."
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import os
 import statistics
 
 import torch
@@ -86,6 +94,18 @@ def search(model: str, rounds: int, repeats: int) -> dict:
     return result
 
 
+def package_table(results: list[dict], measured: str, note: str = "") -> dict:
+    """The packaged table for the GPU the `results` (of `search`, one GPU) ran on: their one-row keys,
+    a later result's choice winning a shared key."""
+    from bento_pagedllm.kernels import gemv
+
+    (gpu,) = {result["gpu"] for result in results}
+    block_m_at = gemv.TUNING_KEY.index("BLOCK_M")
+    table = {key: fields for result in results for key, fields in result["table"].items()
+             if ast.literal_eval(key)[block_m_at] == 1}
+    return {"gpu": gpu, "measured": measured, "note": note, "table": dict(sorted(table.items()))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="llama2-7b", choices=list(SHAPES),
@@ -93,7 +113,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--package", nargs="+", default=None, metavar="RESULT",
+                        help="no search: write these results' table to kernels/tiles/<GPU>.json")
+    parser.add_argument("--note", default="", help="with --package: what measured it (date, run, figures)")
     args = parser.parse_args()
+    if args.package:
+        from bento_pagedllm.kernels import gemv
+
+        results = []
+        for path in args.package:
+            with open(path) as f:
+                results.append(json.load(f))
+        packaged = package_table(results, measured=", ".join(map(os.path.basename, args.package)), note=args.note)
+        path = gemv.tile_table_path(packaged["gpu"])
+        with open(path, "w") as f:
+            json.dump(packaged, f, indent=1)
+        print(f"{len(packaged['table'])} keys -> {path}")
+        return
     result = search(args.model, args.rounds, args.repeats)
     print(json.dumps({k: result[k] for k in ("model", "gpu", "start_ms", "end_ms")}), flush=True)
     if args.out:

@@ -289,3 +289,22 @@ def test_the_projection_benchmark_times_gate_up_in_the_layout_it_names(interleav
     expected = gemv.add_rms_norm_gemv_ref(x, None, torch.ones(k), 1e-5, plain, swiglu=True)[0]
     torch.testing.assert_close(fused(False, w)[0], expected, rtol=1e-4, atol=1e-5)
     assert unfused(w).shape == (1, inter)
+
+
+def test_a_packaged_tile_table_keeps_the_searches_one_row_keys_the_last_winning_a_shared_one():
+    """bench/tile_search.py --package: a GPU's table from its searches' results (here run7's two H100 searches,
+    the 7B named last): only one-row keys (the tile-row keys in a result are the autotuner's), the shared o
+    key the last result's, and exactly the table the package ships for that GPU."""
+    from bento_pagedllm.kernels import gemv
+
+    tile_search = _load("tile_search")
+    run7 = os.path.join(BENCH, "results", "gpu-2026-12-07", "run7")
+    results = [json.load(open(os.path.join(run7, f"{model}_search.json"))) for model in ("llama3-8b", "llama2-7b")]
+    packaged = tile_search.package_table(results, measured="run7")
+    assert packaged["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert packaged["table"] == gemv.measured_tiles(packaged["gpu"])
+    assert len(packaged["table"]) == 9 < sum(map(len, (r["table"] for r in results)))  # tile-row keys left out
+    o = next(key for key in packaged["table"] if key.startswith("(4096, 4096, 1,"))
+    assert packaged["table"][o] == results[1]["table"][o] != results[0]["table"][o]
+    with pytest.raises(ValueError):  # results of two GPUs make no one table
+        tile_search.package_table([results[0], {**results[1], "gpu": "NVIDIA H200"}], measured="")

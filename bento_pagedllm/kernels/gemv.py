@@ -287,11 +287,16 @@ def tuned_configs() -> dict[str, dict]:
 TILE_TABLES = Path(__file__).parent / "tiles"
 
 
+def tile_table_path(gpu_name: str) -> Path:
+    """Where the package keeps a GPU's tile table: its `torch.cuda.get_device_name()`, word characters only."""
+    return TILE_TABLES / (re.sub(r"[^A-Za-z0-9]+", "_", gpu_name).strip("_") + ".json")
+
+
 def measured_tiles(gpu_name: str) -> dict[str, dict]:
     """The package's tile table for a GPU (its `torch.cuda.get_device_name()`), for `pin_tiles`; {} if none.
     NOTE: its keys name dtypes and flags (dependent launch, gate/up's interleaved rows): a model run
     otherwise meets none of them and is autotuned."""
-    path = TILE_TABLES / (re.sub(r"[^A-Za-z0-9]+", "_", gpu_name).strip("_") + ".json")
+    path = tile_table_path(gpu_name)
     if not path.exists():
         return {}
     with open(path) as f:
