@@ -218,9 +218,7 @@ def main() -> None:
     if args.pin_tiles:
         from bento_pagedllm.kernels import gemv
 
-        with open(args.pin_tiles) as f:
-            table = json.load(f)
-        gemv.pin_tiles(table.get("table", table))  # NOTE: a tile_search.py result holds its table
+        gemv.pin_tiles(gemv.load_tile_table(args.pin_tiles))
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
     bandwidth = copy_bandwidth()

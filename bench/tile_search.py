@@ -1,4 +1,4 @@
-"""Search the one-row projections' tiles (kernels/gemv.py) by the time of a whole single-stream decode step.
+"""Search the projections' tiles (kernels/gemv.py) by the time of whole decode steps (single stream; small batches).
 
 Why: the autotuner ranks each projection's configurations by short timings of the kernel alone, and
 different processes pick different tiles; pinned back into fresh processes, two processes' choices ran
@@ -7,17 +7,21 @@ bench/results/gpu-2026-12-07/run6). So the choice, not the process, sets the ste
 alone is the wrong judge: here each candidate runs inside the step as the engine runs it (the batch-1
 decode graph re-captured with it, its kernels launched as dependents of the ones before).
 
-Coordinate descent from the autotuner's choice: for each one-row tuning key (q/k/v, o, gate/up, down, the
-LM head), every configuration the autotuner would try for it, the others fixed; the fastest kept; `--rounds`
-passes. The objective: the median of `--repeats` back-to-back replays of the batch-1 decode graph (short
-contexts) plus the median of as many LM-head launches (it runs outside the graphs). The result's `table`
-is the process's `gemv.tuned_configs()` afterwards: `single_stream.py --pin-tiles` takes it.
+Coordinate descent from the autotuner's choice: for each tuning key (q/k/v, o, gate/up, down, the LM head)
+of the row tiles searched, every configuration the autotuner would try for it, the others fixed; the fastest
+kept; `--rounds` passes. The objective: the median of `--repeats` back-to-back replays of the decode graph
+(short contexts) plus the median of as many LM-head launches (it runs outside the graphs), summed over the
+`--batches` that launch the key's row tile (1: the one-row tile; 2-16 rows: 16; 17-32: 32). Run 8 to 32 with
+care: a replay's padded rows attend to one token, so attention is lighter than in served steps. The result's
+`table` is the process's `gemv.tuned_configs()` afterwards: `single_stream.py` / `serve.py --pin-tiles`
+take it.
 
     python bench/tile_search.py --model llama2-7b --out tiles.json  # then: single_stream.py --pin-tiles with its table
+    python bench/tile_search.py --model llama3-8b --batches 1,8,16,24,32 --out tiles.json
 
-A GPU's packaged table (kernels/tiles/, pinned by EngineArgs.measured_tiles) from searches' results, the
-one-row keys only (the tile-row keys in a result are the autotuner's, unsearched); where results share a key
-(o: 4,096 x 4,096 in Llama-2-7B and Llama-3-8B) the last named wins:
+A GPU's packaged table (kernels/tiles/, pinned by EngineArgs.measured_tiles) from searches' results: the keys
+of the row tiles each searched (its other keys are the autotuner's); where results share a key (o: 4,096 x
+4,096 in Llama-2-7B and Llama-3-8B) the last named wins:
 
     python bench/tile_search.py --package llama3-8b.json llama2-7b.json --note "..."
 """
@@ -46,63 +50,80 @@ def _median_ms(launch, repeats: int) -> float:
     return statistics.median(a.elapsed_time(b) for a, b in zip(events, events[1:]))
 
 
-def search(model: str, rounds: int, repeats: int) -> dict:
+def search(model: str, rounds: int, repeats: int, batches: tuple[int, ...] = (1,)) -> dict:
+    """Coordinate descent over the tuning keys of the row tiles `batches` launch (1: one row; 2-16: the
+    16-row tile; 17-32: the 32-row tile), each key judged by the decode graphs and LM heads of the batches
+    that use its tile."""
     from bento_pagedllm import LLM, SamplingParams
+    from bento_pagedllm.config import FUSED_GEMV_ROWS
+    from bento_pagedllm.cuda_graphs import batch_size_ladder
     from bento_pagedllm.kernels import gemv
 
-    # NOTE: graphs for batch 1 only, prompts eager: a re-capture takes ~0.1 s
-    llm = LLM(config_dir(SHAPES[model]), load_format="dummy", dtype="bfloat16", device="cuda", max_graph_batch=1,
-              max_mixed_graph_tokens=0)
+    max_batch = max(batches)
+    if not set(batches) <= set(batch_size_ladder(max_batch)) or max_batch > FUSED_GEMV_ROWS:
+        raise ValueError(f"batches must be decode-graph sizes ({batch_size_ladder(FUSED_GEMV_ROWS)}), not {batches}")
+    # NOTE: graphs up to the largest batch only, prompts eager: a re-capture takes ~0.1 s a graph
+    llm = LLM(config_dir(SHAPES[model]), load_format="dummy", dtype="bfloat16", device="cuda",
+              max_graph_batch=max_batch, max_mixed_graph_tokens=0)
     llm.generate([single_stream_prompt()], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     runner = llm.engine.runner
     graphs = runner.graphs
-    hidden = torch.randn(1, runner.model.config.hidden_size, dtype=torch.bfloat16, device="cuda")
+    hidden = torch.randn(max_batch, runner.model.config.hidden_size, dtype=torch.bfloat16, device="cuda")
     block_m_at = gemv.TUNING_KEY.index("BLOCK_M")
-    keys = [key for key in gemv._tuned_one_row.cache if key[block_m_at] == 1]
+    judged = {}  # a row tile -> the batches that launch it
+    for batch in batches:
+        judged.setdefault(gemv.row_tile(batch), []).append(batch)
+    keys = [key for tuner in (gemv._tuned_one_row, gemv._tuned_rows) for key in tuner.cache
+            if key[block_m_at] in judged]
 
-    def step_ms() -> tuple[float, float]:
-        graphs.capture()  # NOTE: re-captured with the tuners' current choices
-        graph = graphs.graphs[1, graphs.context_bounds[0]][0]
-        return _median_ms(graph.replay, repeats), _median_ms(lambda: runner.model.compute_logits(hidden), repeats)
+    def step_ms(batch_sizes) -> dict[int, tuple[float, float]]:
+        """Each batch's (decode graph, LM head) time: the graphs re-captured with the tuners' current choices."""
+        graphs.capture()
+        return {batch: (_median_ms(graphs.graphs[batch, graphs.context_bounds[0]][0].replay, repeats),
+                        _median_ms(lambda: runner.model.compute_logits(hidden[:batch]), repeats))
+                for batch in batch_sizes}
 
     def fields(config) -> dict:
         return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
-    start = step_ms()
+    start = step_ms(batches)
     trials = []
     for round_ in range(rounds):
         for key in keys:
-            n, k = key[0], key[1]
             flags = dict(zip(gemv.TUNING_KEY, key))
-            candidates = gemv._prune(gemv._row_configs(), {"N": n, "K": k}, **flags)
+            tuner = gemv._tuner(flags["BLOCK_M"])
             times = []
-            for config in candidates:
-                gemv._tuned_one_row.cache[key] = config
-                graph_ms, head_ms = step_ms()
-                times.append((graph_ms + head_ms, config))
-                trials.append({"round": round_, "key": str(key), "config": fields(config), "graph_ms": graph_ms,
-                               "lm_head_ms": head_ms})
+            for config in gemv._prune(tuner.configs, {"N": flags["N"], "K": flags["K"]}, **flags):
+                tuner.cache[key] = config
+                measured = step_ms(judged[flags["BLOCK_M"]])
+                times.append((sum(graph + head for graph, head in measured.values()), config))
+                trials.append({"round": round_, "key": str(key), "config": fields(config),
+                               "ms": {str(batch): list(pair) for batch, pair in measured.items()}})
             best_ms, best = min(times, key=lambda t: t[0])
-            gemv._tuned_one_row.cache[key] = best
-            print(json.dumps({"round": round_, "key": str(key), "best": fields(best), "step_ms": best_ms,
+            tuner.cache[key] = best
+            print(json.dumps({"round": round_, "key": str(key), "best": fields(best), "judged_ms": best_ms,
                               "spread_ms": max(t for t, _ in times) - best_ms}), flush=True)
-    end = step_ms()
+    end = step_ms(batches)
+
+    def per_batch(times: dict) -> dict:
+        return {str(batch): {"graph": graph, "lm_head": head} for batch, (graph, head) in times.items()}
+
     result = {"model": model, "gpu": torch.cuda.get_device_name(), "rounds": rounds, "repeats": repeats,
-              "start_ms": {"graph": start[0], "lm_head": start[1]}, "end_ms": {"graph": end[0], "lm_head": end[1]},
-              "table": gemv.tuned_configs(), "trials": trials}
+              "batches": list(batches), "searched_row_tiles": sorted(judged), "start_ms": per_batch(start),
+              "end_ms": per_batch(end), "table": gemv.tuned_configs(), "trials": trials}
     llm.engine.shutdown()
     return result
 
 
 def package_table(results: list[dict], measured: str, note: str = "") -> dict:
-    """The packaged table for the GPU the `results` (of `search`, one GPU) ran on: their one-row keys,
-    a later result's choice winning a shared key."""
+    """The packaged table for the GPU the `results` (of `search`, one GPU) ran on: the keys of the row tiles
+    each searched (the others in its table are the autotuner's), a later result's choice winning a shared key."""
     from bento_pagedllm.kernels import gemv
 
     (gpu,) = {result["gpu"] for result in results}
     block_m_at = gemv.TUNING_KEY.index("BLOCK_M")
     table = {key: fields for result in results for key, fields in result["table"].items()
-             if ast.literal_eval(key)[block_m_at] == 1}
+             if ast.literal_eval(key)[block_m_at] in result.get("searched_row_tiles", [1])}
     return {"gpu": gpu, "measured": measured, "note": note, "table": dict(sorted(table.items()))}
 
 
@@ -112,6 +133,9 @@ def main() -> None:
                         help="one per process: the tuners' caches hold every model's keys (o is 4,096 x 4,096 in two)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--batches", default="1",
+                        help="decode batches that judge the tiles, comma-separated: 1 searches the one-row tiles; "
+                             "e.g. 1,8,16,24,32 also the 16- and 32-row tiles (each judged by its batches)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--package", nargs="+", default=None, metavar="RESULT",
                         help="no search: write these results' table to kernels/tiles/<GPU>.json")
@@ -130,7 +154,7 @@ def main() -> None:
             json.dump(packaged, f, indent=1)
         print(f"{len(packaged['table'])} keys -> {path}")
         return
-    result = search(args.model, args.rounds, args.repeats)
+    result = search(args.model, args.rounds, args.repeats, tuple(map(int, args.batches.split(","))))
     print(json.dumps({k: result[k] for k in ("model", "gpu", "start_ms", "end_ms")}), flush=True)
     if args.out:
         with open(args.out, "w") as f:

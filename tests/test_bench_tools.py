@@ -308,3 +308,18 @@ def test_a_packaged_tile_table_keeps_the_searches_one_row_keys_the_last_winning_
     assert packaged["table"][o] == results[1]["table"][o] != results[0]["table"][o]
     with pytest.raises(ValueError):  # results of two GPUs make no one table
         tile_search.package_table([results[0], {**results[1], "gpu": "NVIDIA H200"}], measured="")
+
+
+def test_a_search_of_batch_tiles_packages_the_row_tiles_it_searched_and_takes_only_graph_sizes():
+    """A search result names the row tiles it searched (`--batches 1,8,16,24,32`: 1, 16 and 32): its package
+    keeps their keys and no other; batches without a decode graph of their own, or past the fused
+    projections' rows, are refused before anything is built."""
+    tile_search = _load("tile_search")
+    dtypes = ("torch.bfloat16",) * 7
+    keys = {m: str((4096, 4096, m, False, False, False, True, True, 0, *dtypes)) for m in (1, 16, 32, 64)}
+    fields = {"BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 6}
+    result = {"gpu": "G", "searched_row_tiles": [1, 16, 32], "table": {key: fields for key in keys.values()}}
+    assert set(tile_search.package_table([result], measured="x")["table"]) == {keys[1], keys[16], keys[32]}
+    for batches in [(3,), (1, 40)]:
+        with pytest.raises(ValueError):
+            tile_search.search("llama2-7b", 1, 1, batches)

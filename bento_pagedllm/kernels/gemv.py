@@ -297,10 +297,15 @@ def measured_tiles(gpu_name: str) -> dict[str, dict]:
     NOTE: its keys name dtypes and flags (dependent launch, gate/up's interleaved rows): a model run
     otherwise meets none of them and is autotuned."""
     path = tile_table_path(gpu_name)
-    if not path.exists():
-        return {}
+    return load_tile_table(path) if path.exists() else {}
+
+
+def load_tile_table(path: str) -> dict[str, dict]:
+    """A table for `pin_tiles` from a JSON file: a `tuned_configs()` record, or a file holding one under
+    "table" (a packaged table, a bench/tile_search.py result)."""
     with open(path) as f:
-        return json.load(f)["table"]
+        table = json.load(f)
+    return table.get("table", table)
 
 
 def pin_tiles(table: dict[str, dict]) -> None:
