@@ -40,7 +40,9 @@ which the tests bound; float32 models never take this path.
 
 NOTE: for at most MAX_ROWS rows; bigger batches use cuBLAS, whose GEMMs are better there. On CUDA the tiles
 are autotuned per (N, K, prologue, epilogue, row tile) on the first call (the model's warm-up before
-each graph capture); under Triton's interpreter fixed configurations run.
+each graph capture), except the keys a GPU's measured table pins (`measured_tiles`, `pin_tiles`: tiles
+searched by the whole decode step's time, bench/tile_search.py); under Triton's interpreter fixed
+configurations run.
 """
 
 from __future__ import annotations
