@@ -29,7 +29,6 @@ of the row tiles each searched (its other keys are the autotuner's); where resul
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import statistics
@@ -69,12 +68,10 @@ def search(model: str, rounds: int, repeats: int, batches: tuple[int, ...] = (1,
     runner = llm.engine.runner
     graphs = runner.graphs
     hidden = torch.randn(max_batch, runner.model.config.hidden_size, dtype=torch.bfloat16, device="cuda")
-    block_m_at = gemv.TUNING_KEY.index("BLOCK_M")
     judged = {}  # a row tile -> the batches that launch it
     for batch in batches:
         judged.setdefault(gemv.row_tile(batch), []).append(batch)
-    keys = [key for tuner in (gemv._tuned_one_row, gemv._tuned_rows) for key in tuner.cache
-            if key[block_m_at] in judged]
+    keys = [key for key in gemv.tuned_configs() if gemv.tuning_flags(key)["BLOCK_M"] in judged]
 
     def step_ms(batch_sizes) -> dict[int, tuple[float, float]]:
         """Each batch's (decode graph, LM head) time: the graphs re-captured with the tuners' current choices."""
@@ -83,25 +80,20 @@ def search(model: str, rounds: int, repeats: int, batches: tuple[int, ...] = (1,
                         _median_ms(lambda: runner.model.compute_logits(hidden[:batch]), repeats))
                 for batch in batch_sizes}
 
-    def fields(config) -> dict:
-        return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-
     start = step_ms(batches)
     trials = []
     for round_ in range(rounds):
         for key in keys:
-            flags = dict(zip(gemv.TUNING_KEY, key))
-            tuner = gemv._tuner(flags["BLOCK_M"])
             times = []
-            for config in gemv._prune(tuner.configs, {"N": flags["N"], "K": flags["K"]}, **flags):
-                tuner.cache[key] = config
-                measured = step_ms(judged[flags["BLOCK_M"]])
-                times.append((sum(graph + head for graph, head in measured.values()), config))
-                trials.append({"round": round_, "key": str(key), "config": fields(config),
+            for fields in gemv.tile_candidates(key):
+                gemv.pin_tiles({key: fields})
+                measured = step_ms(judged[gemv.tuning_flags(key)["BLOCK_M"]])
+                times.append((sum(graph + head for graph, head in measured.values()), fields))
+                trials.append({"round": round_, "key": key, "config": fields,
                                "ms": {str(batch): list(pair) for batch, pair in measured.items()}})
             best_ms, best = min(times, key=lambda t: t[0])
-            tuner.cache[key] = best
-            print(json.dumps({"round": round_, "key": str(key), "best": fields(best), "judged_ms": best_ms,
+            gemv.pin_tiles({key: best})
+            print(json.dumps({"round": round_, "key": key, "best": best, "judged_ms": best_ms,
                               "spread_ms": max(t for t, _ in times) - best_ms}), flush=True)
     end = step_ms(batches)
 
@@ -121,9 +113,8 @@ def package_table(results: list[dict], measured: str, note: str = "") -> dict:
     from bento_pagedllm.kernels import gemv
 
     (gpu,) = {result["gpu"] for result in results}
-    block_m_at = gemv.TUNING_KEY.index("BLOCK_M")
     table = {key: fields for result in results for key, fields in result["table"].items()
-             if ast.literal_eval(key)[block_m_at] in result.get("searched_row_tiles", [1])}
+             if gemv.tuning_flags(key)["BLOCK_M"] in result.get("searched_row_tiles", [1])}
     return {"gpu": gpu, "measured": measured, "note": note, "table": dict(sorted(table.items()))}
 
 

@@ -270,7 +270,6 @@ def test_the_packaged_tile_tables_name_one_row_keys_and_tiles_compiled_ahead():
     """Each GPU's measured table (kernels/tiles/, bench/tile_search.py) pins one-row tuning keys only (the
     search times single-stream steps), each to a configuration the autotuner offers that key, so the
     projection's first call compiles it ahead with the rest; a GPU without a table gets none."""
-    import ast
     import json
 
     from bento_pagedllm.kernels import gemv
@@ -281,12 +280,8 @@ def test_the_packaged_tile_tables_name_one_row_keys_and_tiles_compiled_ahead():
         gpu = json.loads(path.read_text())["gpu"]
         assert gemv.measured_tiles(gpu) == json.loads(path.read_text())["table"]
         for text, fields in gemv.measured_tiles(gpu).items():
-            key = ast.literal_eval(text)
-            flags = dict(zip(gemv.TUNING_KEY, key))
-            assert flags["BLOCK_M"] == 1 and len(key) == len(gemv.TUNING_KEY) + 7, text  # + 7 tensors' dtypes
-            offered = {(c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"], c.num_warps, c.num_stages)
-                       for c in gemv._prune(gemv._row_configs(), flags, **flags)}
-            assert (fields["BLOCK_N"], fields["BLOCK_K"], fields["num_warps"], fields["num_stages"]) in offered
+            assert gemv.tuning_flags(text)["BLOCK_M"] == 1, text
+            assert fields in gemv.tile_candidates(text), text
 
 
 def test_pinned_tiles_round_trip_a_recorded_choice(monkeypatch):
@@ -307,6 +302,10 @@ def test_pinned_tiles_round_trip_a_recorded_choice(monkeypatch):
     gemv.pin_tiles(json.loads(json.dumps(table)))
     assert list(gemv._tuned_one_row.cache) == [one_row] and list(gemv._tuned_rows.cache) == [tile]
     assert gemv.tuned_configs() == table
+    # a key's candidates are the configurations its tile offers it (a plain one-row projection: no 32-row blocks)
+    assert gemv.tuning_flags(str(one_row))["BLOCK_M"] == 1 and table[str(one_row)] in gemv.tile_candidates(str(one_row))
+    assert max(fields["BLOCK_N"] for fields in gemv.tile_candidates(str(one_row))) < 32
+    assert table[str(tile)] in gemv.tile_candidates(str(tile))
     with pytest.raises(AssertionError):
         gemv.pin_tiles({"(4096, 4096)": table[str(tile)]})  # not a tuning key
 

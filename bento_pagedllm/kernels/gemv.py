@@ -281,8 +281,27 @@ def tuned_configs() -> dict[str, dict]:
     """What the autotuners chose in this process, per tuning key (N, K, row tile, flags, dtypes): for
     benchmarks to record, since the choice is re-made (and may differ) in every process; `pin_tiles`
     takes such a record back."""
-    return {str(key): {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-            for tuner in (_tuned_one_row, _tuned_rows) for key, config in tuner.cache.items()}
+    return {str(key): _fields(config) for tuner in (_tuned_one_row, _tuned_rows) for key, config in tuner.cache.items()}
+
+
+def _fields(config: triton.Config) -> dict:
+    """A configuration as JSON-ready fields (tile shape, warps, stages), as tables hold it."""
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+def tuning_flags(key_text: str) -> dict:
+    """A tuning key (a `tuned_configs()` key) by name: N, K, BLOCK_M and the flags of TUNING_KEY."""
+    key = ast.literal_eval(key_text)  # NOTE: str() of a tuple of ints, bools and dtype names
+    assert isinstance(key, tuple) and len(key) > len(TUNING_KEY), key_text
+    return dict(zip(TUNING_KEY, key))
+
+
+def tile_candidates(key_text: str) -> list[dict]:
+    """The configurations the autotuner times for a tuning key, as fields for `pin_tiles` (those a
+    projection's first call compiles ahead)."""
+    flags = tuning_flags(key_text)
+    configs = _prune(_tuner(flags["BLOCK_M"]).configs, {"N": flags["N"], "K": flags["K"]}, **flags)
+    return [_fields(config) for config in configs]
 
 
 # the one-row tiles measured fastest in a whole decode step, per GPU (bench/tile_search.py; `measured_tiles`)
@@ -318,13 +337,10 @@ def pin_tiles(table: dict[str, dict]) -> None:
     differ from process to process: four processes of one Llama-2-7B package on one H100 picked three
     tile sets for gate/up and o, and their decode steps took 4.70 to 4.79 ms (bench/results/
     gpu-2026-12-07/run5). A table from a fast process replays its choice."""
-    block_m_at = TUNING_KEY.index("BLOCK_M")
     for text, fields in table.items():
-        key = ast.literal_eval(text)  # NOTE: str() of a tuple of ints, bools and dtype names
-        assert isinstance(key, tuple) and len(key) > len(TUNING_KEY), text
         tiles = {name: fields[name] for name in ("BLOCK_N", "BLOCK_K")}
-        _tuner(key[block_m_at]).cache[key] = triton.Config(tiles, num_warps=fields["num_warps"],
-                                                           num_stages=fields["num_stages"])
+        _tuner(tuning_flags(text)["BLOCK_M"]).cache[ast.literal_eval(text)] = triton.Config(
+            tiles, num_warps=fields["num_warps"], num_stages=fields["num_stages"])
 
 
 def _tuner(block_m: int):

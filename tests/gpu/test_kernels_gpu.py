@@ -141,9 +141,7 @@ def test_a_pinned_tile_is_the_one_a_launch_uses():
     expected = gemv.gemv(x, weight, pdl=PDL)
     (key,) = [key for key in gemv.tuned_configs() if key.startswith("(4096, 4096, 1, False, False, False, False")]
     chosen = gemv.tuned_configs()[key]
-    other = next({**c.kwargs, "num_warps": c.num_warps, "num_stages": c.num_stages}
-                 for c in gemv._prune(gemv._row_configs(), {"K": 4096}, BLOCK_M=1)
-                 if (c.kwargs["BLOCK_N"], c.kwargs["BLOCK_K"]) != (chosen["BLOCK_N"], chosen["BLOCK_K"]))
+    other = next(fields for fields in gemv.tile_candidates(key) if fields != chosen)
     saved = dict(gemv._tuned_one_row.cache)
     try:
         gemv._tuned_one_row.cache.clear()
