@@ -61,7 +61,7 @@ def search(model: str, rounds: int, repeats: int, batches: tuple[int, ...] = (1,
     max_batch = max(batches)
     if not set(batches) <= set(batch_size_ladder(max_batch)) or max_batch > FUSED_GEMV_ROWS:
         raise ValueError(f"batches must be decode-graph sizes ({batch_size_ladder(FUSED_GEMV_ROWS)}), not {batches}")
-    # NOTE: graphs up to the largest batch only, prompts eager: a re-capture takes ~0.1 s a graph
+    # NOTE: graphs up to the largest batch only, prompts eager; a candidate re-captures only its judges' graphs
     llm = LLM(config_dir(SHAPES[model]), load_format="dummy", dtype="bfloat16", device="cuda",
               max_graph_batch=max_batch, max_mixed_graph_tokens=0)
     llm.generate([single_stream_prompt()], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
@@ -74,8 +74,8 @@ def search(model: str, rounds: int, repeats: int, batches: tuple[int, ...] = (1,
     keys = [key for key in gemv.tuned_configs() if gemv.tuning_flags(key)["BLOCK_M"] in judged]
 
     def step_ms(batch_sizes) -> dict[int, tuple[float, float]]:
-        """Each batch's (decode graph, LM head) time: the graphs re-captured with the tuners' current choices."""
-        graphs.capture()
+        """Each batch's (decode graph, LM head) time: its graphs re-captured with the tuners' current choices."""
+        graphs.capture(list(batch_sizes))
         return {batch: (_median_ms(graphs.graphs[batch, graphs.context_bounds[0]][0].replay, repeats),
                         _median_ms(lambda: runner.model.compute_logits(hidden[:batch]), repeats))
                 for batch in batch_sizes}

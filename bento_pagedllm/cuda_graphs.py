@@ -224,20 +224,23 @@ class DecodeGraphs:
         )
 
     @torch.inference_mode()
-    def capture(self) -> None:
+    def capture(self, sizes: list[int] | None = None) -> None:
+        """Capture every batch size's graphs; `sizes` (of the ladder): re-capture only theirs, in a pool of
+        their own (bench/tile_search.py, after changing a kernel's tiles)."""
         start = time.perf_counter()
         pool = None
         # largest first: the smaller graphs reuse its memory pool
-        for batch in reversed(self.sizes):
+        for batch in sorted(sizes or self.sizes, reverse=True):
             for bound in reversed(self.context_bounds):
                 graph, out = _capture(functools.partial(self._step, batch, bound), pool, self.capture_stream)
                 pool = graph.pool()
                 self.graphs[batch, bound] = (graph, out)
-        self.pool = pool  # NOTE: the mixed graphs are captured into it too
         torch.cuda.synchronize()
-        self.capture_seconds = time.perf_counter() - start
-        logger.info("captured %d decode graphs (batch 1..%d, contexts up to %s) in %.1f s", len(self.graphs),
-                    self.sizes[-1], self.context_bounds, self.capture_seconds)
+        if sizes is None:  # NOTE: start-up's capture: its pool and its time
+            self.pool = pool  # NOTE: the mixed graphs are captured into it too
+            self.capture_seconds = time.perf_counter() - start
+            logger.info("captured %d decode graphs (batch 1..%d, contexts up to %s) in %.1f s", len(self.graphs),
+                        self.sizes[-1], self.context_bounds, self.capture_seconds)
 
     @torch.inference_mode()
     def time_replays(self, repeats: int = 3) -> list[float]:

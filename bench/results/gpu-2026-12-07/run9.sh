@@ -5,7 +5,7 @@
 #   the table to be: `python bench/tile_search.py --package llama3-8b_search.json llama2-7b_search.json
 #   --note "..."` writes kernels/tiles/<GPU>.json.
 # batch (~6 minutes warm): Llama-3-8B's one-, 16- and 32-row tiles searched together (`--batches 1,8,16,24,32
-#   --rounds 1`: ~1 s a candidate, 14 graphs re-captured),
+#   --rounds 1`: a candidate re-captures only its judges' 2-4 graphs),
 #   then the 500-request offline workload (issue 5's 8B target), main, searched, searched, main. NOTE: main
 #   pins the GPU's packaged table where there is one (the H100's); searched pins the search's whole table.
 set -uo pipefail
