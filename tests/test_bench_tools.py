@@ -323,3 +323,63 @@ def test_a_search_of_batch_tiles_packages_the_row_tiles_it_searched_and_takes_on
     for batches in [(3,), (1, 40)]:
         with pytest.raises(ValueError):
             tile_search.search("llama2-7b", 1, 1, batches)
+
+
+def test_the_tile_search_judges_each_key_by_the_graphs_of_its_row_tiles_batches(monkeypatch):
+    """bench/tile_search.py's control flow without a GPU (the engine, its graphs and CUDA's clock stood in
+    for; what a search finds is the GPU's, run7): each tuning key of a searched row tile tries every
+    candidate the autotuner offers it, re-capturing only the graphs of the batches that launch its tile
+    (1 for one row; 8 and 16 for the 16-row tile; 24 and 32 for the 32-row one), and keeps the fastest."""
+    import types
+
+    import bento_pagedllm
+    import torch
+    from bento_pagedllm.kernels import gemv
+
+    tile_search = _load("tile_search")
+    monkeypatch.setattr(gemv, "_tuned_one_row", gemv._autotuned(gemv._row_configs()))
+    monkeypatch.setattr(gemv, "_tuned_rows", gemv._autotuned(gemv._tile_configs()))
+    dtypes = ("torch.bfloat16",) * 7
+    keys = [str((4096, 4096, m, False, False, False, True, True, 0, *dtypes)) for m in (1, 16, 32)]
+    captures, clock = [], iter(range(10**6))
+
+    class Graphs:
+        context_bounds = [1024, 4096]
+        graphs = {}
+
+        def capture(self, sizes):
+            captures.append(sorted(sizes))
+            self.graphs.update({(b, bound): (types.SimpleNamespace(replay=lambda: None), None)
+                                for b in sizes for bound in self.context_bounds})
+
+    class Event:  # each key's last candidate times fastest: elapsed times shrink as the search goes on
+        def record(self):
+            self.t = next(clock) ** 0.5
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    class LLM:
+        def __init__(self, *args, **kwargs):
+            runner = types.SimpleNamespace(graphs=Graphs(), model=types.SimpleNamespace(
+                config=types.SimpleNamespace(hidden_size=8), compute_logits=lambda hidden: hidden))
+            self.engine = types.SimpleNamespace(runner=runner, shutdown=lambda: None)
+
+        def generate(self, *args, **kwargs):  # the autotuner's choices for the keys the steps launch
+            gemv.pin_tiles({key: gemv.tile_candidates(key)[0] for key in keys})
+
+    monkeypatch.setattr(bento_pagedllm, "LLM", LLM)
+    monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: Event())
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "G")
+    randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *shape, device, **kwargs: randn(*shape, **kwargs))
+    result = tile_search.search("llama2-7b", rounds=1, repeats=3, batches=(1, 8, 16, 24, 32))
+    candidates = [gemv.tile_candidates(key) for key in keys]
+    assert captures == ([[1, 8, 16, 24, 32]] + [[1]] * len(candidates[0]) + [[8, 16]] * len(candidates[1])
+                        + [[24, 32]] * len(candidates[2]) + [[1, 8, 16, 24, 32]])
+    assert len(result["trials"]) == sum(map(len, candidates)) and result["searched_row_tiles"] == [1, 16, 32]
+    assert [result["table"][key] for key in keys] == [options[-1] for options in candidates]
+    assert set(result["start_ms"]) == {"1", "8", "16", "24", "32"}
