@@ -94,8 +94,7 @@ def engine_kwargs(args) -> dict:
         kwargs["async_scheduling"] = False
     if args.no_dependent_launch:
         kwargs["dependent_launch"] = False
-    if args.no_measured_tiles or args.pin_tiles:  # NOTE: the engine's table would override --pin-tiles
-        kwargs["measured_tiles"] = False
+    kwargs.update(args.tile_options)
     for name in ("max_num_seqs", "max_num_batched_tokens", "max_graph_batch", "fused_gemv_rows"):
         if getattr(args, name) is not None:
             kwargs[name] = getattr(args, name)
@@ -599,6 +598,8 @@ def run_online(args, requests) -> dict:
 
 
 def main() -> None:
+    from single_stream import add_tile_arguments, apply_tile_arguments
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=["offline", "async", "online", "transformers"], required=True)
@@ -627,10 +628,7 @@ def main() -> None:
                         help="async: the engine in a child process (what the service does on CUDA)")
     parser.add_argument("--no-stream", action="store_true",
                         help="online: non-streaming requests (one write per request: isolates the per-token cost of SSE)")
-    parser.add_argument("--no-measured-tiles", action="store_true",
-                        help="EngineArgs.measured_tiles=False: autotune every projection, this GPU's tile table unused")
-    parser.add_argument("--pin-tiles", default=None,
-                        help="in-process modes: kernels/gemv.py's tuned_configs() of an earlier process (or a tile_search.py result) pinned")
+    add_tile_arguments(parser)
     parser.add_argument("--url", default="http://127.0.0.1:3000")
     parser.add_argument("--model", default="smollm2-135m-instruct", help="served model name (online)")
     parser.add_argument("--api-key", default=None)
@@ -643,10 +641,7 @@ def main() -> None:
                         help="transformers: stop after this many seconds and report the requests finished by then")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    if args.pin_tiles:  # NOTE: this process's kernels (tensor-parallel workers tune their own)
-        from bento_pagedllm.kernels import gemv
-
-        gemv.pin_tiles(gemv.load_tile_table(args.pin_tiles))
+    args.tile_options = apply_tile_arguments(args)  # NOTE: in-process modes (online: the service's engine)
     if args.shape:
         args.model_path = shape_dir(args.shape)
     requests = load(args.requests, args.limit)

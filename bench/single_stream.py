@@ -210,15 +210,9 @@ def main() -> None:
                         help="EngineArgs.fused_gemv_rows (default: the engine's); 0: projections through cuBLAS and separate norm/activation kernels")
     parser.add_argument("--no-dependent-launch", action="store_true",
                         help="EngineArgs.dependent_launch=False: decode kernels in plain stream order")
-    parser.add_argument("--no-measured-tiles", action="store_true",
-                        help="EngineArgs.measured_tiles=False: autotune every projection, this GPU's tile table unused")
-    parser.add_argument("--pin-tiles", default=None,
-                        help="kernels/gemv.py's tuned_configs() of an earlier process (or a tile_search.py result): launch with those tiles, untimed")
+    add_tile_arguments(parser)
     args = parser.parse_args()
-    if args.pin_tiles:
-        from bento_pagedllm.kernels import gemv
-
-        gemv.pin_tiles(gemv.load_tile_table(args.pin_tiles))
+    tile_options = apply_tile_arguments(args)
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
     bandwidth = copy_bandwidth()
@@ -238,8 +232,7 @@ def main() -> None:
         options = {} if args.fused_gemv_rows is None else {"fused_gemv_rows": args.fused_gemv_rows}
         if args.no_dependent_launch:
             options["dependent_launch"] = False
-        if args.no_measured_tiles or args.pin_tiles:  # NOTE: the engine's table would override --pin-tiles
-            options["measured_tiles"] = False
+        options.update(tile_options)
         entry["engine"] = bench_engine(path, prompt, args.runs, profile_path, args.tensor_parallel_size,
                                        peer_all_reduce=args.peer_all_reduce, **options)
         results["models"][name] = entry
@@ -259,6 +252,26 @@ def main() -> None:
             entry["ratios"]["vllm_vs_roofline"] = entry["vllm"]["decode_tok_s"] / entry["roofline_tok_s"]
         print(json.dumps({name: entry}, indent=2), flush=True)
     save(results, args.out)
+
+
+def add_tile_arguments(parser: argparse.ArgumentParser) -> None:
+    """The tile flags of the engine benchmarks (this one, serve.py): which projection tiles the engine runs."""
+    parser.add_argument("--no-measured-tiles", action="store_true",
+                        help="EngineArgs.measured_tiles=False: autotune every projection, this GPU's tile table unused")
+    parser.add_argument("--pin-tiles", default=None,
+                        help="kernels/gemv.py's tuned_configs() of an earlier process (or a tile_search.py result): "
+                             "launch with those tiles, untimed (this process's kernels: tensor-parallel workers tune their own)")
+
+
+def apply_tile_arguments(args) -> dict:
+    """Pin `--pin-tiles`' table in this process; the EngineArgs the flags ask for. NOTE: with pins of its
+    own the engine must not pin its GPU's table over them."""
+    if not args.pin_tiles:
+        return {"measured_tiles": False} if args.no_measured_tiles else {}
+    from bento_pagedllm.kernels import gemv
+
+    gemv.pin_tiles(gemv.load_tile_table(args.pin_tiles))
+    return {"measured_tiles": False}
 
 
 def device_facts(bandwidth: float) -> dict:

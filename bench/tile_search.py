@@ -143,6 +143,7 @@ def main() -> None:
         path = gemv.tile_table_path(packaged["gpu"])
         with open(path, "w") as f:
             json.dump(packaged, f, indent=1)
+            f.write("\n")
         print(f"{len(packaged['table'])} keys -> {path}")
         return
     result = search(args.model, args.rounds, args.repeats, tuple(map(int, args.batches.split(","))))

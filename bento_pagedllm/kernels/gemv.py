@@ -289,11 +289,16 @@ def _fields(config: triton.Config) -> dict:
     return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
 
 
-def tuning_flags(key_text: str) -> dict:
-    """A tuning key (a `tuned_configs()` key) by name: N, K, BLOCK_M and the flags of TUNING_KEY."""
+def _parse_key(key_text: str) -> tuple:
+    """A `tuned_configs()` key back as the tuple the autotuner looks up."""
     key = ast.literal_eval(key_text)  # NOTE: str() of a tuple of ints, bools and dtype names
     assert isinstance(key, tuple) and len(key) > len(TUNING_KEY), key_text
-    return dict(zip(TUNING_KEY, key))
+    return key
+
+
+def tuning_flags(key_text: str) -> dict:
+    """A tuning key (a `tuned_configs()` key) by name: N, K, BLOCK_M and the flags of TUNING_KEY."""
+    return dict(zip(TUNING_KEY, _parse_key(key_text)))
 
 
 def tile_candidates(key_text: str) -> list[dict]:
@@ -337,10 +342,12 @@ def pin_tiles(table: dict[str, dict]) -> None:
     differ from process to process: four processes of one Llama-2-7B package on one H100 picked three
     tile sets for gate/up and o, and their decode steps took 4.70 to 4.79 ms (bench/results/
     gpu-2026-12-07/run5). A table from a fast process replays its choice."""
+    block_m_at = TUNING_KEY.index("BLOCK_M")
     for text, fields in table.items():
+        key = _parse_key(text)
         tiles = {name: fields[name] for name in ("BLOCK_N", "BLOCK_K")}
-        _tuner(tuning_flags(text)["BLOCK_M"]).cache[ast.literal_eval(text)] = triton.Config(
-            tiles, num_warps=fields["num_warps"], num_stages=fields["num_stages"])
+        _tuner(key[block_m_at]).cache[key] = triton.Config(tiles, num_warps=fields["num_warps"],
+                                                           num_stages=fields["num_stages"])
 
 
 def _tuner(block_m: int):
