@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Fifty-third session, one call (~6 minutes warm; an H200, or any sm_90 card without a packaged table; carry
+# [".whl"]). Usage: run10.sh OUT
+# The H200's tile table measured and checked as it ships: the one-row search for Llama-2-7B and Llama-3-8B
+# (as run7), the table packaged on the device (tile_search.py --package; bento_pagedllm/kernels/tiles/<GPU>.json, copied
+# into the results), the GPU tests of the pins, then each model in fresh single-stream processes: table
+# (EngineArgs.measured_tiles, the default), autotuned (--no-measured-tiles), autotuned, table.
+set -uo pipefail
+. bench/results/gpu-2026-12-07/call.sh run10 "$1"
+for m in llama2-7b llama3-8b; do
+  step ${m}_search 150 python3 bench/tile_search.py --model $m --out $w/${m}_search.json
+  pack
+done
+step package 30 python3 bench/tile_search.py --package $w/llama3-8b_search.json $w/llama2-7b_search.json \
+  --note "run10 (bench/results/gpu-2026-12-07): one-row search, Llama-3-8B then Llama-2-7B (the 7B's shared keys win)"
+cp bento_pagedllm/kernels/tiles/*.json $w/
+step gpu_tests_pinned 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k pinned
+pack
+for m in llama2-7b llama3-8b; do
+  n=0; for v in table autotuned autotuned table; do n=$((n + 1))
+    step ${m}_${n}_$v 90 python3 bench/single_stream.py --models $m --peers none --runs 2 \
+      $([ $v = autotuned ] && echo --no-measured-tiles) --out $w/${m}_${n}_$v.json
+  done
+  pack
+done
+finish
