@@ -329,8 +329,11 @@ def test_the_tile_search_judges_each_key_by_the_graphs_of_its_row_tiles_batches(
     """bench/tile_search.py's control flow without a GPU (the engine, its graphs and CUDA's clock stood in
     for; what a search finds is the GPU's, run7): each tuning key of a searched row tile tries every
     candidate the autotuner offers it, re-capturing only the graphs of the batches that launch its tile
-    (1 for one row; 8 and 16 for the 16-row tile; 24 and 32 for the 32-row one), and keeps the fastest."""
+    (1 for one row; 8 and 16 for the 16-row tile; 24 and 32 for the 32-row one), and keeps the fastest;
+    a candidate too big for the GPU's shared memory is recorded and passed over."""
     import types
+
+    from triton.runtime.errors import OutOfResources
 
     import bento_pagedllm
     import torch
@@ -342,6 +345,7 @@ def test_the_tile_search_judges_each_key_by_the_graphs_of_its_row_tiles_batches(
     dtypes = ("torch.bfloat16",) * 7
     keys = [str((4096, 4096, m, False, False, False, True, True, 0, *dtypes)) for m in (1, 16, 32)]
     captures, clock = [], iter(range(10**6))
+    too_big = gemv.tile_candidates(keys[1])[1]  # a 16-row candidate that does not fit the GPU: skipped
 
     class Graphs:
         context_bounds = [1024, 4096]
@@ -349,6 +353,8 @@ def test_the_tile_search_judges_each_key_by_the_graphs_of_its_row_tiles_batches(
 
         def capture(self, sizes):
             captures.append(sorted(sizes))
+            if gemv.tuned_configs().get(keys[1]) == too_big:  # as a graph's warm-up launch raises it
+                raise OutOfResources(245760, 232448, "shared memory")
             self.graphs.update({(b, bound): (types.SimpleNamespace(replay=lambda: None), None)
                                 for b in sizes for bound in self.context_bounds})
 
@@ -373,6 +379,7 @@ def test_the_tile_search_judges_each_key_by_the_graphs_of_its_row_tiles_batches(
 
     monkeypatch.setattr(bento_pagedllm, "LLM", LLM)
     monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing: Event())
+    monkeypatch.setattr(tile_search, "_captured", lambda launch: launch)  # the LM head's graph
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *args: "G")
     randn = torch.randn
     monkeypatch.setattr(torch, "randn", lambda *shape, device, **kwargs: randn(*shape, **kwargs))
@@ -381,5 +388,6 @@ def test_the_tile_search_judges_each_key_by_the_graphs_of_its_row_tiles_batches(
     assert captures == ([[1, 8, 16, 24, 32]] + [[1]] * len(candidates[0]) + [[8, 16]] * len(candidates[1])
                         + [[24, 32]] * len(candidates[2]) + [[1, 8, 16, 24, 32]])
     assert len(result["trials"]) == sum(map(len, candidates)) and result["searched_row_tiles"] == [1, 16, 32]
+    assert [trial["config"] for trial in result["trials"] if "error" in trial] == [too_big]
     assert [result["table"][key] for key in keys] == [options[-1] for options in candidates]
     assert set(result["start_ms"]) == {"1", "8", "16", "24", "32"}
