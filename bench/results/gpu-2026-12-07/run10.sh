@@ -14,7 +14,7 @@ done
 step package 30 python3 bench/tile_search.py --package $w/llama3-8b_search.json $w/llama2-7b_search.json \
   --note "run10 (bench/results/gpu-2026-12-07): one-row search, Llama-3-8B then Llama-2-7B (the 7B's shared keys win)"
 cp bento_pagedllm/kernels/tiles/*.json $w/
-step gpu_tests_pinned 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k pinned
+step gpu_tests_pinned 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "pinned or measured_tiles"
 pack
 for m in llama2-7b llama3-8b; do
   n=0; for v in table autotuned autotuned table; do n=$((n + 1))
