@@ -330,7 +330,8 @@ def test_the_tile_search_judges_each_key_by_the_graphs_of_its_row_tiles_batches(
     for; what a search finds is the GPU's, run7): each tuning key of a searched row tile tries every
     candidate the autotuner offers it, re-capturing only the graphs of the batches that launch its tile
     (1 for one row; 8 and 16 for the 16-row tile; 24 and 32 for the 32-row one), and keeps the fastest;
-    a candidate too big for the GPU's shared memory is recorded and passed over."""
+    a candidate too big for the GPU's shared memory is recorded and passed over; the engine it times has no
+    packaged table pinned."""
     import types
 
     from triton.runtime.errors import OutOfResources
@@ -368,8 +369,11 @@ def test_the_tile_search_judges_each_key_by_the_graphs_of_its_row_tiles_batches(
         def elapsed_time(self, end):
             return end.t - self.t
 
+    built = []
+
     class LLM:
         def __init__(self, *args, **kwargs):
+            built.append(kwargs)
             runner = types.SimpleNamespace(graphs=Graphs(), model=types.SimpleNamespace(
                 config=types.SimpleNamespace(hidden_size=8), compute_logits=lambda hidden: hidden))
             self.engine = types.SimpleNamespace(runner=runner, shutdown=lambda: None)
@@ -391,3 +395,4 @@ def test_the_tile_search_judges_each_key_by_the_graphs_of_its_row_tiles_batches(
     assert [trial["config"] for trial in result["trials"] if "error" in trial] == [too_big]
     assert [result["table"][key] for key in keys] == [options[-1] for options in candidates]
     assert set(result["start_ms"]) == {"1", "8", "16", "24", "32"}
+    assert built[0]["measured_tiles"] is False  # no packaged table pinned: its other model's keys not searched
