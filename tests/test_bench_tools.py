@@ -292,15 +292,15 @@ def test_the_projection_benchmark_times_gate_up_in_the_layout_it_names(interleav
 
 
 def test_a_packaged_tile_table_keeps_the_searches_one_row_keys_the_last_winning_a_shared_one():
-    """bench/tile_search.py --package: a GPU's table from its searches' results (here run7's two H100 searches,
-    the 7B named last): only one-row keys (the tile-row keys in a result are the autotuner's), the shared o
-    key the last result's, and exactly the table the package ships for that GPU."""
+    """bench/tile_search.py --package: a GPU's table from its searches' results (here run10b's two H100
+    searches, the 7B named last): only one-row keys (the tile-row keys in a result are the autotuner's), the
+    shared o key the last result's, and exactly the table the package ships for that GPU."""
     from bento_pagedllm.kernels import gemv
 
     tile_search = _load("tile_search")
-    run7 = os.path.join(BENCH, "results", "gpu-2026-12-07", "run7")
-    results = [json.load(open(os.path.join(run7, f"{model}_search.json"))) for model in ("llama3-8b", "llama2-7b")]
-    packaged = tile_search.package_table(results, measured="run7")
+    run10b = os.path.join(BENCH, "results", "gpu-2026-12-07", "run10b")
+    results = [json.load(open(os.path.join(run10b, f"{model}_search.json"))) for model in ("llama3-8b", "llama2-7b")]
+    packaged = tile_search.package_table(results, measured="run10b")
     assert packaged["gpu"] == "NVIDIA H100 80GB HBM3"
     assert packaged["table"] == gemv.measured_tiles(packaged["gpu"])
     assert len(packaged["table"]) == 9 < sum(map(len, (r["table"] for r in results)))  # tile-row keys left out
