@@ -266,12 +266,11 @@ def add_tile_arguments(parser: argparse.ArgumentParser) -> None:
 def apply_tile_arguments(args) -> dict:
     """Pin `--pin-tiles`' table in this process; the EngineArgs the flags ask for. NOTE: with pins of its
     own the engine must not pin its GPU's table over them."""
-    if not args.pin_tiles:
-        return {"measured_tiles": False} if args.no_measured_tiles else {}
-    from bento_pagedllm.kernels import gemv
+    if args.pin_tiles:
+        from bento_pagedllm.kernels import gemv
 
-    gemv.pin_tiles(gemv.load_tile_table(args.pin_tiles))
-    return {"measured_tiles": False}
+        gemv.pin_tiles(gemv.load_tile_table(args.pin_tiles))
+    return {"measured_tiles": False} if args.pin_tiles or args.no_measured_tiles else {}
 
 
 def device_facts(bandwidth: float) -> dict:

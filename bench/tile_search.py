@@ -104,17 +104,17 @@ def search(model: str, rounds: int, repeats: int, batches: tuple[int, ...] = (1,
             times = []
             for fields in gemv.tile_candidates(key):
                 gemv.pin_tiles({key: fields})
+                trial = {"round": round_, "key": key, "config": fields}
                 try:
                     measured = step_ms(judged[gemv.tuning_flags(key)["BLOCK_M"]])
                 except OutOfResources as error:
                     # NOTE: raised by the graphs' warm-up, before capture: the judges' graphs stay as they were.
                     # The autotuner times such a tile as infinitely slow (Llama-3-8B gate/up at 32 rows: one
                     # needs 240 KiB of shared memory, an H100 has 227)
-                    trials.append({"round": round_, "key": key, "config": fields, "error": str(error)})
+                    trials.append({**trial, "error": str(error)})
                     continue
                 times.append((sum(graph + head for graph, head in measured.values()), fields))
-                trials.append({"round": round_, "key": key, "config": fields,
-                               "ms": {str(batch): list(pair) for batch, pair in measured.items()}})
+                trials.append({**trial, "ms": {str(batch): list(pair) for batch, pair in measured.items()}})
             best_ms, best = min(times, key=lambda t: t[0])
             gemv.pin_tiles({key: best})
             print(json.dumps({"round": round_, "key": key, "best": best, "judged_ms": best_ms,

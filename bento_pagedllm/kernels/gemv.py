@@ -305,8 +305,7 @@ def tile_candidates(key_text: str) -> list[dict]:
     """The configurations the autotuner times for a tuning key, as fields for `pin_tiles` (those a
     projection's first call compiles ahead)."""
     flags = tuning_flags(key_text)
-    configs = _prune(_tuner(flags["BLOCK_M"]).configs, {"N": flags["N"], "K": flags["K"]}, **flags)
-    return [_fields(config) for config in configs]
+    return [_fields(config) for config in _offered(flags["N"], flags["K"], flags)]
 
 
 # the one-row tiles measured fastest in a whole decode step, per GPU (bench/tile_search.py; `measured_tiles`)
@@ -348,6 +347,11 @@ def pin_tiles(table: dict[str, dict]) -> None:
         tiles = {name: fields[name] for name in ("BLOCK_N", "BLOCK_K")}
         _tuner(key[block_m_at]).cache[key] = triton.Config(tiles, num_warps=fields["num_warps"],
                                                            num_stages=fields["num_stages"])
+
+
+def _offered(n: int, k: int, flags: dict) -> list[triton.Config]:
+    """The configurations the autotuner times for a projection variant (`flags`: its row tile and flags)."""
+    return _prune(_tuner(flags["BLOCK_M"]).configs, {"N": n, "K": k}, **flags)
 
 
 def _tuner(block_m: int):
@@ -443,8 +447,7 @@ def _launch(x, weight, residual=None, norm_weight=None, eps=0.0, swiglu=False, a
                 tile_flags = _flags(residual, norm_weight, swiglu, addend, pdl, tile, interleave)
                 if variant(tile_flags) not in _compiled_ahead:
                     _compiled_ahead.add(variant(tile_flags))
-                    launches += [{**tile_flags, **c.all_kwargs()}
-                                 for c in _prune(_tuner(tile).configs, {"K": k, "N": n}, **tile_flags)]
+                    launches += [{**tile_flags, **c.all_kwargs()} for c in _offered(n, k, tile_flags)]
             compile_configs_ahead(_gemv_kernel, launches, args, x.device)
         _tuner(block_m)[lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)](*args, **flags)
     else:
