@@ -5,16 +5,19 @@
 # (as run7), the table packaged on the device (tile_search.py --package; bento_pagedllm/kernels/tiles/<GPU>.json, copied
 # into the results), the GPU tests of the pins, then each model in fresh single-stream processes: table
 # (EngineArgs.measured_tiles, the default), autotuned (--no-measured-tiles), autotuned, table.
+# `run10.sh OUT lean` (~3.5 minutes warm, for a short budget): Llama-2-7B's search alone, packaged alone (the 8B's
+# own keys stay with the autotuner), no pin tests, then the same processes.
 set -uo pipefail
 . bench/results/gpu-2026-12-07/call.sh run10 "$1"
-for m in llama2-7b llama3-8b; do
+searched="llama2-7b llama3-8b"; [ "${2:-}" = lean ] && searched=llama2-7b
+for m in $searched; do
   step ${m}_search 150 python3 bench/tile_search.py --model $m --out $w/${m}_search.json
   pack
 done
-step package 30 python3 bench/tile_search.py --package $w/llama3-8b_search.json $w/llama2-7b_search.json \
-  --note "run10 (bench/results/gpu-2026-12-07): one-row search, Llama-3-8B then Llama-2-7B (the 7B's shared keys win)"
+step package 30 python3 bench/tile_search.py --package $(ls $w/llama3-8b_search.json 2>/dev/null) $w/llama2-7b_search.json \
+  --note "run10 (bench/results/gpu-2026-12-07): one-row search of $searched (packaged 7B last: its shared keys win)"
 cp bento_pagedllm/kernels/tiles/*.json $w/
-step gpu_tests_pinned 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "pinned or measured_tiles"
+[ "${2:-}" = lean ] || step gpu_tests_pinned 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "pinned or measured_tiles"
 pack
 for m in llama2-7b llama3-8b; do
   n=0; for v in table autotuned autotuned table; do n=$((n + 1))
