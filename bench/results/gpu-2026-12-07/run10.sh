@@ -9,15 +9,17 @@
 # own keys stay with the autotuner), no pin tests, then the same processes.
 set -uo pipefail
 . bench/results/gpu-2026-12-07/call.sh run10 "$1"
-searched="llama2-7b llama3-8b"; [ "${2:-}" = lean ] && searched=llama2-7b
+lean=$([ "${2:-}" = lean ] && echo 1)
+# NOTE: packaged 7B last: where both models share a key, the last result's tile wins
+searched="llama2-7b llama3-8b"; packaged="llama3-8b llama2-7b"; [ $lean ] && searched=llama2-7b packaged=llama2-7b
 for m in $searched; do
   step ${m}_search 150 python3 bench/tile_search.py --model $m --out $w/${m}_search.json
   pack
 done
-step package 30 python3 bench/tile_search.py --package $(ls $w/llama3-8b_search.json 2>/dev/null) $w/llama2-7b_search.json \
-  --note "run10 (bench/results/gpu-2026-12-07): one-row search of $searched (packaged 7B last: its shared keys win)"
+step package 30 python3 bench/tile_search.py --package $(for m in $packaged; do echo $w/${m}_search.json; done) \
+  --note "run10 (bench/results/gpu-2026-12-07): one-row search, packaged in the order $packaged"
 cp bento_pagedllm/kernels/tiles/*.json $w/
-[ "${2:-}" = lean ] || step gpu_tests_pinned 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "pinned or measured_tiles"
+[ $lean ] || step gpu_tests_pinned 120 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_kernels_gpu.py -k "pinned or measured_tiles"
 pack
 for m in llama2-7b llama3-8b; do
   n=0; for v in table autotuned autotuned table; do n=$((n + 1))
