@@ -29,7 +29,9 @@ from bento_pagedllm.settings import ServiceSettings
 from bento_pagedllm.web import build_chat_app
 
 logger = logging.getLogger("bento_pagedllm.service")
-SETTINGS = ServiceSettings.from_env()
+# NOTE: the bento argument `accelerator` (bentofile.yaml's `args`, `bentoml build --arg accelerator=cpu`) says
+# what a bento asks BentoML for wherever it is built; `bentoml serve service:svc` has none (the machine's)
+SETTINGS = ServiceSettings.from_env(accelerator=getattr(bentoml.use_arguments(), "accelerator", None))
 PROBE_PATHS = frozenset({"/livez", "/healthz", "/readyz", "/health", "/metrics"})
 
 openai_app = build_openai_app(
@@ -46,10 +48,21 @@ openai_app = build_openai_app(
 chat_app = build_chat_app()
 
 
-async def openai_asgi(scope, receive, send) -> None:
-    """The API behind a plain ASGI callable. NOTE: BentoML mounts a Starlette app "passively" (only the paths its
-    routes match); this way every /v1 path reaches the API, and an unknown one gets OpenAI's 404, not BentoML's."""
-    await openai_app(scope, receive, send)
+class OpenAIAPI:
+    """The API behind an ASGI callable that is not a Starlette app.
+
+    NOTE: BentoML mounts a Starlette app "passively" (only the paths its routes match) and lists its routes in
+    the bento's schema (`apis/schema.json`, and the `openai_endpoint` label BentoCloud reads). Mounted after the
+    app itself at /v1, this callable takes every other /v1 path, so an unknown path gets OpenAI's 404 and a
+    wrong method the API's 405, not BentoML's. As a route's endpoint it keeps BentoML from listing the
+    API's routes under that route's path.
+    """
+
+    async def __call__(self, scope, receive, send) -> None:
+        await openai_app(scope, receive, send)
+
+
+openai_asgi = OpenAIAPI()
 
 
 async def vllm_health(request: Request) -> Response:
@@ -65,15 +78,16 @@ async def vllm_version(request: Request) -> Response:
 
 # vLLM serves its tokenizer endpoints, its health check and its version at the root, and clients call them there. NOTE: a
 # Starlette app, so BentoML mounts it passively (it takes these paths and nothing else); the tokenizer routes'
-# endpoint is the API app itself (an ASGI app, not a function: Starlette passes it the request's scope as is)
+# endpoint is the API (an ASGI callable, not a function: Starlette passes it the request's scope as is)
 vllm_root_app = Starlette(routes=[
-    *(Route(path, openai_app, methods=["POST"]) for path in ("/tokenize", "/detokenize")),
+    *(Route(path, openai_asgi, methods=["POST"]) for path in ("/tokenize", "/detokenize")),
     Route("/health", vllm_health, methods=["GET"]),
     Route("/version", vllm_version, methods=["GET"]),
 ])
 
 
-@bentoml.asgi_app(openai_asgi, path="/v1")
+@bentoml.asgi_app(openai_asgi, path="/v1")  # NOTE: after the app itself (decorators apply bottom-up): see OpenAIAPI
+@bentoml.asgi_app(openai_app, path="/v1")
 @bentoml.asgi_app(vllm_root_app, path="/")
 @bentoml.asgi_app(chat_app, path="/chat")
 @bentoml.service(

@@ -131,6 +131,11 @@ class ServiceSettings:
     # "auto": the model's recommended sampling parameters (generation_config.json) are the API's defaults,
     # as in vLLM since 0.6.5 (`--generation-config auto`); "none": OpenAI's
     generation_config: str = "auto"
+    # what the service asks BentoML for (`resources`): "gpu" or "cpu"; None: the device setting's, else the
+    # machine's (nvidia-smi). NOTE: a bento argument (bentofile.yaml `args`), not an environment variable:
+    # `bentoml build` records the resources on the machine that builds, where the image's environment is not
+    # set, so a bento built on a CPU runner must still ask for GPUs
+    accelerator: str | None = None
     fault_injection: FaultInjection | None = None
     engine: dict = field(default_factory=dict)
 
@@ -141,14 +146,17 @@ class ServiceSettings:
         if self.retry_after_seconds < 0 or self.shutdown_grace_seconds < 0:
             raise ValueError("retry and grace times must not be negative")
         RequestLimits(self.max_waiting_requests, self.request_timeout_seconds)  # raises now, not at start-up
+        if self.accelerator not in (None, "gpu", "cpu"):
+            raise ValueError(f"the bento argument accelerator={self.accelerator!r}: expected gpu or cpu")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] = os.environ) -> "ServiceSettings":
+    def from_env(cls, env: Mapping[str, str] = os.environ, accelerator: str | None = None) -> "ServiceSettings":
         faults = _parse_fields(env, {"fault_injection_seed": int, "fault_injection_after_tokens": int})
         return cls(
             model=env.get(PREFIX + "MODEL") or cls.model,
             served_model_name=env.get(PREFIX + "SERVED_MODEL_NAME") or None,
             api_key=env.get(PREFIX + "API_KEY") or None,
+            accelerator=accelerator,
             fault_injection=FaultInjection(faults["fault_injection_seed"], faults.get("fault_injection_after_tokens", 1))
             if "fault_injection_seed" in faults else None,
             engine=_parse_fields(env, _ENGINE_FIELDS),
@@ -194,8 +202,14 @@ class ServiceSettings:
 
     @property
     def resources(self) -> dict:
-        """One GPU per tensor-parallel rank when the machine has GPUs (the service owns the engine, as a
-        runner once did, and the engine spawns ranks 1.. itself)."""
-        if shutil.which("nvidia-smi"):
+        """One GPU per tensor-parallel rank on GPUs (the service owns the engine, as a runner once did, and the
+        engine spawns ranks 1.. itself). On GPUs: where PAGEDLLM_DEVICE names CUDA, else where the bento
+        argument `accelerator` says gpu, else where the machine has GPUs."""
+        device = self.engine.get("device", "auto")
+        if device == "auto":
+            on_gpus = self.accelerator == "gpu" if self.accelerator else shutil.which("nvidia-smi") is not None
+        else:
+            on_gpus = device.startswith("cuda")
+        if on_gpus:
             return {"gpu": self.tensor_parallel_size}
         return {"cpu": str(os.cpu_count() or 1)}

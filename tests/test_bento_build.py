@@ -36,6 +36,16 @@ def test_bentoml_build_offline_references_the_model(smollm2_model):
     models = [m["tag"] for service in manifest["services"] for m in service["models"]]
     assert models == [str(smollm2_model.tag)], (models, info)
     assert {e["name"]: e["value"] for e in manifest["envs"]} == {"PAGEDLLM_DEVICE": "cuda", "PAGEDLLM_DTYPE": "bfloat16"}
+    # built on this CPU machine, the bento still asks for a GPU (the bento argument `accelerator`)
+    (service,) = manifest["services"]
+    assert manifest["args"] == {"accelerator": "gpu"}
+    assert service["config"]["resources"] == {"gpu": 1}, service["config"]
+    # what BentoML lists of the API: the /v1 routes where they are served (BentoCloud reads `openai_endpoint`)
+    assert manifest["labels"]["openai_endpoint"] == "/v1"
+    with open(os.path.join(bento_dir, "apis", "schema.json")) as f:
+        paths = set(json.load(f)["paths"])
+    assert {"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/models", "/tokenize", "/health"} <= paths
+    assert all(path.startswith(("/v1/", "/chat")) or path.count("/") == 1 for path in paths), paths
     # the engine's source and the chat page travel with the bento; tests and benchmarks do not
     src = os.path.join(bento_dir, "src")
     for path in ("service.py", "bento_pagedllm/engine.py", "bento_pagedllm/openai/routes.py",
@@ -57,15 +67,20 @@ def test_bentoml_build_offline_references_the_model(smollm2_model):
 
 
 @pytest.mark.timeout(300)
-def test_the_wheel_ships_the_chat_page(tmp_path):
-    """pyproject's package data: an installed package serves /chat from the same files as the source tree,
-    and pins the same measured tiles (kernels/tiles/)."""
+def test_the_wheel_ships_every_module_and_the_chat_page(tmp_path):
+    """pyproject's packages and package data: an installed package has every module of the source tree (an
+    editable install would hide one left out), serves /chat from the same files and pins the same measured
+    tiles (kernels/tiles/)."""
     result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                              "-w", str(tmp_path), REPO], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (wheel,) = tmp_path.glob("bento_pagedllm-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
+    package_root = os.path.join(REPO, "bento_pagedllm")
+    modules = {os.path.relpath(os.path.join(folder, name), REPO) for folder, _, files in os.walk(package_root)
+               for name in files if name.endswith(".py")}
+    assert len(modules) > 40 and modules <= names, sorted(modules - names)
     for name in os.listdir(STATIC_DIR):
         assert f"bento_pagedllm/web/static/{name}" in names, name
     assert "bento_pagedllm/web/app.py" in names

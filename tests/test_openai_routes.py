@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 
@@ -1027,6 +1028,26 @@ def test_the_engine_process_setting():
     assert not ServiceSettings.from_env({"PAGEDLLM_ENGINE_PROCESS": "false"}).use_engine_process(cuda)
     with pytest.raises(ValueError, match="ENGINE_PROCESS"):
         ServiceSettings.from_env({"PAGEDLLM_ENGINE_PROCESS": "sometimes"})
+
+
+@pytest.mark.parametrize("machine_has_gpus", [False, True])
+def test_the_resources_follow_the_device_then_the_bento_argument(monkeypatch, machine_has_gpus):
+    """What the service asks BentoML for: PAGEDLLM_DEVICE when it names one, else the bento argument
+    `accelerator` (so a bento built on a CPU machine asks for its GPU), else the machine's GPUs."""
+    from bento_pagedllm.settings import ServiceSettings
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/nvidia-smi" if machine_has_gpus else None)
+    on_cpus = {"cpu": str(os.cpu_count() or 1)}
+    machine = {"gpu": 1} if machine_has_gpus else on_cpus
+    assert ServiceSettings.from_env({}).resources == machine
+    assert ServiceSettings.from_env({"PAGEDLLM_DEVICE": "cuda"}).resources == {"gpu": 1}
+    assert ServiceSettings.from_env({"PAGEDLLM_DEVICE": "cuda:0", "PAGEDLLM_TENSOR_PARALLEL_SIZE": "2"}).resources == {"gpu": 2}
+    assert ServiceSettings.from_env({"PAGEDLLM_DEVICE": "cpu"}, accelerator="gpu").resources == on_cpus
+    assert ServiceSettings.from_env({}, accelerator="gpu").resources == {"gpu": 1}
+    assert ServiceSettings.from_env({}, accelerator="cpu").resources == on_cpus
+    assert "device" not in ServiceSettings.from_env({}, accelerator="gpu").engine  # the engine's device: its own
+    with pytest.raises(ValueError, match="accelerator='tpu'"):
+        ServiceSettings.from_env({}, accelerator="tpu")
 
 
 def test_the_trace_requests_setting():

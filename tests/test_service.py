@@ -164,6 +164,10 @@ def test_errors_through_the_server(server):
     assert httpx.get(f"{server.base}/v1/embeddings").status_code == 401
     nope = httpx.get(f"{server.base}/v1/embeddings", headers=headers)
     assert nope.status_code == 404 and nope.json()["error"]["type"] == "invalid_request_error"
+    # a known path with the wrong method: the API's 405 (BentoML mounts the app's routes and, after them, the API
+    # for every other /v1 path: service.OpenAIAPI)
+    wrong_method = httpx.get(f"{server.base}/v1/chat/completions", headers=headers)
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_vllms_tokenizer_endpoints_at_the_root_and_under_v1(client, server):
