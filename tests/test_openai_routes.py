@@ -550,12 +550,19 @@ async def test_structured_outputs(oai, engine):
         skip_special_tokens=True)
 
 
-async def test_max_tokens_defaults_to_the_rest_of_the_window(http):
-    r = await http.post("/v1/completions", json={"model": MODEL, "prompt": [5] * (MAX_LEN - 4), "ignore_eos": True,
-                                                 "temperature": 0})
+async def test_max_tokens_left_out(http):
+    """Completions: 16 tokens (OpenAI's legacy default, and vLLM's), null too, at most the rest of the window;
+    chat: the rest of the window."""
+    completion = {"model": MODEL, "ignore_eos": True, "temperature": 0}
+    for extra in ({}, {"max_tokens": None}):
+        short = (await http.post("/v1/completions", json={**completion, **extra, "prompt": [5] * 8})).json()
+        assert short["usage"]["completion_tokens"] == 16 and short["choices"][0]["finish_reason"] == "length"
+    r = await http.post("/v1/completions", json={**completion, "prompt": [5] * (MAX_LEN - 4)})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["usage"]["completion_tokens"] == 4 and body["choices"][0]["finish_reason"] == "length"
+    chat = (await http.post("/v1/chat/completions", json={**CHAT, "ignore_eos": True, "temperature": 0})).json()
+    assert chat["usage"]["total_tokens"] == MAX_LEN and chat["choices"][0]["finish_reason"] == "length"
 
 
 async def test_the_models_generation_config_sets_the_sampling_defaults(tiny_llama3_dir, tmp_path):

@@ -35,6 +35,9 @@ except ImportError:  # pragma: no cover - transformers needs jinja2 for chat tem
 LONG_INPUT_CHARS = 2048  # tokenize longer inputs in a worker thread, off the event loop
 MANY_MESSAGES = 64  # render longer conversations in a worker thread too
 T = TypeVar("T")
+# what a completions request that leaves max_tokens out (or sends null) generates at most: OpenAI's legacy
+# endpoint's default, and vLLM's (chat's is the rest of the context)
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
 
 async def completion_job(body: CompletionRequest, engine: AsyncLLMEngine, defaults: Mapping[str, float | int]) -> Job:
@@ -57,7 +60,11 @@ async def completion_job(body: CompletionRequest, engine: AsyncLLMEngine, defaul
     # NOTE: echo with logprobs scores the prompt too, with as many alternatives as the output's
     scored = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
     base = _base_params(body, engine, defaults, logprobs=body.logprobs, prompt_logprobs=max(scored, default=None))
-    return _job("cmpl-", body, prompts, _fit_context(engine, base, prompts, body.max_tokens, "prompt", defaults))
+    # NOTE: the default, like the model's recommended max_tokens, is cut to the context the prompt leaves
+    completion_defaults = {**defaults, "max_tokens": min(COMPLETIONS_DEFAULT_MAX_TOKENS,
+                                                         int(defaults.get("max_tokens", COMPLETIONS_DEFAULT_MAX_TOKENS)))}
+    return _job("cmpl-", body, prompts,
+                _fit_context(engine, base, prompts, body.max_tokens, "prompt", completion_defaults))
 
 
 async def chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, defaults: Mapping[str, float | int],
