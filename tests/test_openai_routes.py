@@ -660,8 +660,15 @@ async def test_vllms_output_and_prompt_options(engine, http):
     chat = await http.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 1,
                                                          "truncate_prompt_tokens": 5})
     assert chat.json()["usage"]["prompt_tokens"] == 5
-    assert error_of(await http.post("/v1/completions", json={**base, "truncate_prompt_tokens": 0}),
-                    400)["param"] == "truncate_prompt_tokens"
+    # -1: the model's context length (vLLM's): a longer prompt is cut to the window, which then leaves no room
+    longest = await http.post("/v1/completions", json={**base, "prompt": [5] * (MAX_LEN + 50), "max_tokens": 1,
+                                                        "truncate_prompt_tokens": -1})
+    assert f"({MAX_LEN} in the prompt, 1 in the completion)" in error_of(longest, 400)["message"]
+    fits = await http.post("/v1/completions", json={**base, "prompt": ids, "truncate_prompt_tokens": -1})
+    assert fits.json()["usage"]["prompt_tokens"] == len(ids)
+    for refused in (0, -2):
+        assert error_of(await http.post("/v1/completions", json={**base, "truncate_prompt_tokens": refused}),
+                        400)["param"] == "truncate_prompt_tokens"
 
 
 async def test_return_tokens_as_token_ids(engine, http):
@@ -816,6 +823,15 @@ BAD_REQUESTS = [
     ("/chat/completions", {**CHAT, "chat_template_kwargs": {"tokenize": False}}, 400, "chat_template_kwargs", None),
     ("/chat/completions", {**CHAT, "chat_template_kwargs": {"return_tensors": "pt"}}, 400, "chat_template_kwargs",
      None),
+    # messages OpenAI refuses: no content (an assistant's may hold tool calls instead), a tool's answer to no call
+    ("/chat/completions", {**CHAT, "messages": [{"role": "user", "content": None}]}, 400, "messages[0].content",
+     "missing_required_parameter"),
+    ("/chat/completions", {**CHAT, "messages": [*HELLO, {"role": "assistant"}]}, 400, "messages[1].content",
+     "missing_required_parameter"),
+    ("/chat/completions", {**CHAT, "messages": [*HELLO, {"role": "tool", "content": "42"}]}, 400,
+     "messages[1].tool_call_id", "missing_required_parameter"),
+    ("/tokenize", {"model": MODEL, "messages": [{"role": "system"}]}, 400, "messages[0].content",
+     "missing_required_parameter"),
     ("/completions", {"model": "gpt-4o", "prompt": "x"}, 404, None, "model_not_found"),
     ("/chat/completions", {"model": "gpt-4o", "messages": HELLO}, 404, None, "model_not_found"),
 ]
@@ -826,6 +842,16 @@ async def test_bad_requests(http, path, body, status, param, code):
     error = error_of(await http.post("/v1" + path, json=body), status)
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param and error["code"] == code and error["message"]
+
+
+async def test_a_seed_outside_64_bits_is_refused_in_plain_words(http):
+    for seed in (1 << 64, -(1 << 63) - 1):
+        error = error_of(await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "seed": seed}), 400)
+        assert error["param"] == "seed" and error["code"] == "invalid_value"
+        assert error["message"] == "Invalid value for 'seed': Input should be at least -2**63 and below 2**64."
+    for seed in ((1 << 64) - 1, -(1 << 63)):
+        ok = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "seed": seed, "max_tokens": 1})
+        assert ok.status_code == 200, ok.text
 
 
 async def test_malformed_json_and_non_objects(http):

@@ -148,10 +148,10 @@ def plan(mode: str, **kwargs) -> ToolPlan:
 
 
 @pytest.mark.parametrize("answer,calls", [
-    ('{"name": "get_time", "parameters": {"zone": "UTC"}}', [("get_time", '{"zone": "UTC"}')]),
-    (' {"name": "get_time", "arguments": {"zone": "CET"}}', [("get_time", '{"zone": "CET"}')]),
-    ('[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Oslo"}}]',
-     [("get_time", "{}"), ("get_weather", '{"city": "Oslo"}')]),
+    ('{"name": "get_time", "parameters": {"zone": "UTC"}}', [("get_time", '{"zone":"UTC"}')]),
+    (' {"name": "get_time", "arguments": {"zone": "CET"}}', [("get_time", '{"zone":"CET"}')]),
+    ('[{"name": "get_time", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}}]',
+     [("get_time", "{}"), ("get_weather", '{"city":"Oslo","unit":"celsius"}')]),
     ('{"name": "launch_rocket", "parameters": {}}', None),  # not a given tool
     ('{"name": "get_time", "parameters": "UTC"}', None),
     ('{"zone": "UTC"', None),  # cut short

@@ -23,7 +23,7 @@ from ..structured_output import StructuredOutputs
 from ..tokenizer import chat_template_call_arguments
 from .errors import OpenAIError
 from .formats import Prompt
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from .responses import Job
 from .tools import ToolPlan, plan_tools, template_message
 
@@ -56,7 +56,7 @@ async def completion_job(body: CompletionRequest, engine: AsyncLLMEngine, defaul
         raise OpenAIError(f"The prompt holds {len(texts)} prompts; this server takes at most {limit} in one "
                           "request.", param="prompt")
     prompts = _truncated([await _tokenize(engine, p, body.add_special_tokens is not False) for p in texts],
-                         body.truncate_prompt_tokens)
+                         _prompt_tokens_kept(body, engine))
     # NOTE: echo with logprobs scores the prompt too, with as many alternatives as the output's
     scored = [k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None]
     base = _base_params(body, engine, defaults, logprobs=body.logprobs, prompt_logprobs=max(scored, default=None))
@@ -78,7 +78,8 @@ async def chat_job(body: ChatCompletionRequest, engine: AsyncLLMEngine, defaults
     if tools is not None and body.logprobs:
         raise OpenAIError("logprobs are not supported with tools (tool_choice \"none\" allows them).",
                           param="logprobs")
-    prompts = _truncated([Prompt(await chat_prompt_ids(body, engine, tools, noun), None)], body.truncate_prompt_tokens)
+    prompts = _truncated([Prompt(await chat_prompt_ids(body, engine, tools, noun), None)],
+                         _prompt_tokens_kept(body, engine))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     base = _base_params(body, engine, defaults, logprobs=logprobs, prompt_logprobs=body.prompt_logprobs)
     if tools is not None and (schema := tools.constraint_schema()) is not None:
@@ -94,6 +95,7 @@ async def chat_prompt_ids(body: ChatCompletionRequest, engine: AsyncLLMEngine, t
                           noun: str) -> list[int]:
     """The prompt a chat request sends the model: its messages (and the tools its plan shows the model)
     rendered by the chat template, with vLLM's template options; long conversations in a worker thread."""
+    _check_messages(body.messages, noun)
     messages = [template_message(message) for message in body.messages]
     render = functools.partial(engine.prompts.chat_prompt_ids, messages,
                                tools.template_tools() if tools is not None else None, **_template_options(body))
@@ -103,6 +105,21 @@ async def chat_prompt_ids(body: ChatCompletionRequest, engine: AsyncLLMEngine, t
         return render()
     except TemplateError as error:
         raise OpenAIError(f"The chat template rejected the {noun}: {error}", param=noun) from None
+
+
+def _check_messages(messages: list[ChatMessage], noun: str) -> None:
+    """What OpenAI refuses and a chat template would render without a word: a message with no content (an
+    assistant's may hold tool calls instead) and a tool's answer that names no call."""
+    for index, message in enumerate(messages):
+        if message.content is None and not (message.role == "assistant" and message.tool_calls):
+            param = f"{noun}[{index}].content"
+            raise OpenAIError(f"Missing required parameter: '{param}'" + (
+                " (an assistant message needs content or tool_calls)." if message.role == "assistant" else "."),
+                param=param, code="missing_required_parameter")
+        if message.role == "tool" and message.tool_call_id is None:
+            param = f"{noun}[{index}].tool_call_id"
+            raise OpenAIError(f"Missing required parameter: '{param}'.", param=param,
+                              code="missing_required_parameter")
 
 
 def _template_options(body: ChatCompletionRequest) -> dict[str, Any]:
@@ -282,6 +299,15 @@ def _fit_context(
             raise OpenAIError(str(error), param=noun) from None
         params.append(params_i)
     return params
+
+
+def _prompt_tokens_kept(body: CompletionRequest | ChatCompletionRequest, engine: AsyncLLMEngine) -> int | None:
+    """vLLM's `truncate_prompt_tokens` as a count: -1 stands for the model's context length."""
+    keep = body.truncate_prompt_tokens
+    if keep == 0:
+        raise OpenAIError("truncate_prompt_tokens must be at least 1, or -1 (the model's context length).",
+                          param="truncate_prompt_tokens", code="invalid_value")
+    return engine.prompts.configs.scheduler.max_model_len if keep == -1 else keep
 
 
 def _truncated(prompts: list[Prompt], keep: int | None) -> list[Prompt]:

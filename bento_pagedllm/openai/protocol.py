@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 MAX_LOGPROBS = 20  # SamplingParams.MAX_LOGPROBS; OpenAI's limit for top_logprobs too
 MAX_N = 128
@@ -37,6 +38,18 @@ Bias = Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]  # Samp
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
 PositiveInt = Annotated[Int, Field(ge=1)]
 TokenId = Annotated[Int, Field(ge=0)]
+
+
+def _seed_in_range(value: int) -> int:
+    """NOTE: a check of its own, as pydantic's `lt=2**64` message writes the bound as a float (...552000)."""
+    if not -(1 << 63) <= value < 1 << 64:
+        raise PydanticCustomError("seed_range", "Input should be at least -2**63 and below 2**64")
+    return value
+
+
+# what a 64-bit seed holds, signed or not (the bounds stated in the OpenAPI document too)
+Seed = Annotated[Int, AfterValidator(_seed_in_range),
+                 Field(json_schema_extra={"minimum": -(1 << 63), "exclusiveMaximum": 1 << 64})]
 
 
 class _Body(BaseModel):
@@ -81,7 +94,7 @@ class _SamplingRequest(_Body):
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
     top_p: Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)] | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    seed: Annotated[Int, Field(ge=-(1 << 63), lt=1 << 64)] | None = None
+    seed: Seed | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     # token id (a string, as OpenAI's; the route checks it against the vocabulary) -> bias
@@ -99,7 +112,8 @@ class _SamplingRequest(_Body):
     structured_outputs: StructuredOutputsParams | None = None
     include_stop_str_in_output: bool | None = False  # the matched stop string stays at the text's end
     skip_special_tokens: bool | None = True  # false: special tokens' text (e.g. "</s>") stays in the output
-    truncate_prompt_tokens: PositiveInt | None = None  # keep only the prompt's last k tokens
+    # keep only the prompt's last k tokens; -1: the model's context length (vLLM's); 0 is refused where it is read
+    truncate_prompt_tokens: Annotated[Int, Field(ge=-1)] | None = None
     return_tokens_as_token_ids: bool | None = False  # log-probabilities name tokens "token_id:N"
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # only these may be drawn
     bad_words: Annotated[list[str], Field(max_length=MAX_BAD_WORDS)] | None = None  # never ended on

@@ -104,7 +104,8 @@ def parse_calls(text: str, plan: ToolPlan) -> list[tuple[str, str]] | None:
         arguments = item.get("parameters", item.get("arguments"))
         if item.get("name") not in plan.names or not isinstance(arguments, dict):
             return None
-        calls.append((item["name"], json.dumps(arguments, ensure_ascii=False)))
+        # NOTE: compact, as OpenAI writes arguments and as a named function's come (the constraint's JSON)
+        calls.append((item["name"], json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))))
     return calls or None
 
 
