@@ -322,6 +322,8 @@ class AsyncLLMEngine:
                 yield out
 
     def abort(self, request_id: str) -> None:
+        """End a request from outside its stream (vLLM's `abort`): the stream's last output has its choices end
+        with "abort". An id the engine no longer holds is ignored."""
         self._core.send(AbortRequest(request_id))
 
     def _started(self, request_id: str) -> None:

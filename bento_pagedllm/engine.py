@@ -223,14 +223,14 @@ class LLMEngine:
         seed = request.params.seed if request.params.seed is not None else request.rng_seed
         return mix_seed(seed, index)
 
-    def abort_request(self, request_id: str) -> bool:
-        """End a request now (client gone): its blocks are free when this returns."""
-        request = self.requests.pop(request_id, None)
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """End a request now: its blocks are free when this returns. Its last output (each choice ending with
+        reason "abort", as vLLM's), or None when the engine does not hold it (finished already)."""
+        request = self.requests.get(request_id)
         if request is None:
-            return False
+            return None
         self.scheduler.finish_request(request, "abort")
-        self._forget(request)
-        return True
+        return self._output_or_failure(request)  # NOTE: forgets the finished request
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

@@ -161,8 +161,11 @@ class EngineLoop:
             if isinstance(command, AddRequest):
                 self._add(command)
             elif isinstance(command, AbortRequest):
-                if self.engine.abort_request(command.request_id):
+                # NOTE: the last output ends the request's stream (a consumer that left has none to end)
+                last = self.engine.abort_request(command.request_id)
+                if last is not None:
                     self._report.num_aborted += 1
+                    self._deliveries.append((command.request_id, last))
             elif isinstance(command, DrainRequests):
                 self._drain_deadline = command.deadline
 
@@ -212,7 +215,7 @@ class EngineLoop:
         """Abort one request (its blocks are free after this) and end its stream with `error`; True when the
         engine held it (the caller counts it)."""
         self._deliveries.append((request_id, error))
-        return self.engine.abort_request(request_id)
+        return self.engine.abort_request(request_id) is not None
 
     def _end_all(self, error: BaseException) -> int:
         return sum(self._end(request_id, error) for request_id in list(self.engine.requests))

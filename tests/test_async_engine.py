@@ -68,6 +68,29 @@ async def test_cancelling_the_consumer_aborts_and_frees_blocks(engine):
     assert await wait_idle(engine)
 
 
+async def test_abort_ends_the_stream_with_reason_abort(engine):
+    """`abort(request_id)` from elsewhere (vLLM's): the request's stream ends with a last output whose choices
+    end with "abort"; the engine holds nothing of it."""
+    received = []
+
+    async def consume():
+        async for out in engine.generate("Go on and on", SamplingParams(max_tokens=900, ignore_eos=True),
+                                         request_id="aborted"):
+            received.append(out)
+
+    task = asyncio.create_task(consume())
+    while len(received) < 3:
+        await asyncio.sleep(0.005)
+    engine.abort("aborted")
+    await asyncio.wait_for(task, 10)
+    last = received[-1]
+    assert last.finished and [c.finish_reason for c in last.outputs] == ["abort"]
+    assert 3 <= len(last.outputs[0].token_ids) < 900
+    assert "".join(out.outputs[0].delta_text for out in received) == last.outputs[0].text
+    assert await wait_idle(engine) and engine.num_open_streams == 0
+    engine.abort("aborted")  # an id the engine no longer holds: nothing happens
+
+
 async def test_breaking_out_of_the_stream_aborts(engine):
     stream = engine.generate("Stop early", SamplingParams(max_tokens=500, ignore_eos=True), request_id="brk")
     async for _ in stream:

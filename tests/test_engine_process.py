@@ -141,6 +141,24 @@ async def test_cancelling_the_consumer_aborts_in_the_engine_process(process_engi
     assert process_engine.num_open_streams == 0
 
 
+async def test_abort_ends_the_stream_in_the_engine_process(process_engine, observer):
+    aborted = observer.aborted
+    received = []
+
+    async def consume():
+        async for out in process_engine.generate("Go on", SamplingParams(max_tokens=400, ignore_eos=True),
+                                                 request_id="stopped"):
+            received.append(out)
+
+    task = asyncio.create_task(consume())
+    assert await eventually(lambda: len(received) >= 2)
+    process_engine.abort("stopped")
+    await asyncio.wait_for(task, 10)
+    assert received[-1].finished and received[-1].outputs[0].finish_reason == "abort"
+    assert await eventually(lambda: observer.aborted == aborted + 1 and observer.idle())
+    assert process_engine.num_open_streams == 0
+
+
 async def test_a_failing_request_fails_alone(process_engine, observer):
     failed = observer.failed
     bad = process_engine.generate("Fail me", SamplingParams(max_tokens=10, seed=666, ignore_eos=True))
