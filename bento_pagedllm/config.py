@@ -47,6 +47,27 @@ class RopeScaling:
     original_max_position_embeddings: int
 
 
+# transformers architectures whose every layer this engine computes: Llama's (and Mistral's, which is Llama's
+# layers plus a sliding window, when the window does not bind)
+SUPPORTED_HF_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+
+
+def _check_supported(cfg: dict[str, Any]) -> str:
+    """The config's architecture, or a ValueError for what the engine would load and then compute wrong
+    (another architecture, biased projections, a binding sliding window)."""
+    arch = (cfg.get("architectures") or ["LlamaForCausalLM"])[0]
+    if arch not in SUPPORTED_HF_ARCHITECTURES:
+        raise ValueError(f"unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_HF_ARCHITECTURES)}")
+    for flag in ("attention_bias", "mlp_bias"):
+        if cfg.get(flag):
+            raise ValueError(f"{flag} is set: projections with biases are not supported (Llama's have none)")
+    window, longest = cfg.get("sliding_window"), cfg.get("max_position_embeddings", 2048)
+    if window is not None and window < longest:
+        raise ValueError(f"sliding_window {window} is shorter than max_position_embeddings {longest}: sliding-window "
+                         "attention is not supported")
+    return arch
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture of a Llama-family model, as transformers' `LlamaConfig` defines it."""
@@ -93,6 +114,7 @@ class ModelConfig:
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any]) -> "ModelConfig":
         """Build from a transformers `config.json` dict (Llama, Mistral-without-sliding-window, SmolLM2...)."""
+        arch = _check_supported(cfg)
         rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
         rope_theta = cfg.get("rope_theta")
         scaling = None
@@ -110,7 +132,6 @@ class ModelConfig:
                 raise ValueError(f"unsupported rope_scaling type {rope_type!r}")
         eos = cfg.get("eos_token_id", 2)
         eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
-        archs = cfg.get("architectures") or ["LlamaForCausalLM"]
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -126,7 +147,7 @@ class ModelConfig:
             head_dim=cfg.get("head_dim"),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=eos_ids,
-            architecture=archs[0],
+            architecture=arch,
         )
 
     def to_hf_config(self) -> dict[str, Any]:

@@ -40,6 +40,32 @@ def test_real_configs_parse_with_the_right_size(cfg, params):
     assert ModelConfig.from_hf_config(config.to_hf_config()) == config
 
 
+@pytest.mark.parametrize("changes, message", [
+    ({"architectures": ["Qwen2ForCausalLM"]}, "unsupported architecture 'Qwen2ForCausalLM'"),
+    ({"attention_bias": True}, "attention_bias is set"),
+    ({"mlp_bias": True}, "mlp_bias is set"),
+    ({"architectures": ["MistralForCausalLM"], "sliding_window": 1024}, "sliding_window 1024 is shorter"),
+])
+def test_configs_the_engine_would_compute_wrong_are_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf_config({**LLAMA3_8B, **changes})
+    # Mistral's layers are Llama's while its window does not bind (or it has none)
+    for window in (None, LLAMA3_8B["max_position_embeddings"]):
+        mistral = ModelConfig.from_hf_config({**LLAMA3_8B, "architectures": ["MistralForCausalLM"],
+                                              "sliding_window": window})
+        assert mistral.architecture == "MistralForCausalLM"
+
+
+def test_a_checkpoint_tensor_with_no_place_is_refused(tmp_path):
+    """A layer's tensor the model has no parameter for (here a bias) fails the load instead of being dropped."""
+    hf, runner = build_pair(SMALL_CONFIGS["llama3"], tmp_path)
+    weights = [(name, t) for name, t in hf.state_dict().items()]
+    bias = torch.zeros(SMALL_CONFIGS["llama3"]["hidden_size"])
+    with pytest.raises(ValueError, match="model.layers.0.self_attn.q_proj.bias: a tensor the Llama"):
+        runner.model.load_weights(weights + [("model.layers.0.self_attn.q_proj.bias", bias)])
+    runner.model.load_weights(weights + [("model.layers.0.self_attn.rotary_emb.inv_freq", bias)])  # computed here
+
+
 def small(cfg, **changes):
     """The same architecture family at test size: head counts and ratios kept, widths shrunk."""
     out = dict(cfg, vocab_size=256, num_hidden_layers=2, max_position_embeddings=512, **changes)

@@ -231,7 +231,11 @@ class LlamaForCausalLM(nn.Module):
             return f"layers.{index}.{target}", shard
         if suffix in _RENAMED:
             return f"layers.{index}.{_RENAMED[suffix]}", None
-        return None, None
+        if suffix == "self_attn.rotary_emb.inv_freq":  # older checkpoints' rotary buffer: computed here
+            return None, None
+        # NOTE: a layer's tensor this model has no place for (a bias, another architecture's norm) would be
+        # dropped and the outputs silently wrong
+        raise ValueError(f"{name}: a tensor the Llama architecture does not have")
 
     @torch.no_grad()
     def prepare_for_cpu(self, native_ops: bool = True) -> None:
