@@ -49,7 +49,7 @@ from .engine_loop import (
 )
 from .engine_process import EngineProcess, OutputAssembler
 from .outputs import RequestOutput
-from .prompts import PromptProcessor
+from .prompts import PromptProcessor, plain_prompt
 from .sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -313,6 +313,7 @@ class AsyncLLMEngine:
         and `EngineShuttingDownError` end a stream that had begun.
         """
         params = params or SamplingParams()
+        prompt = plain_prompt(prompt)
         if isinstance(prompt, str) and len(prompt) > LONG_PROMPT_CHARS:
             ids = await asyncio.to_thread(self.prompts.tokenize, prompt)  # keep the event loop free
         else:

@@ -12,7 +12,7 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from collections.abc import Sequence as SequenceABC
 
 import torch
@@ -30,7 +30,7 @@ from .sampler import mix_seed
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Request, Sequence, TokenLogprob
-from .prompts import PromptProcessor, PromptType, RequestError
+from .prompts import PromptProcessor, PromptType, RequestError, plain_prompt
 from .structured_output import GrammarMatchers, advance, token_bitmask
 from .tokenizer import IncrementalDetokenizer
 
@@ -199,6 +199,7 @@ class LLMEngine:
         request_id = request_id or f"req-{next(self._request_counter)}"
         if request_id in self.requests:
             raise RequestError(f"request id {request_id!r} is already in use")
+        prompt = plain_prompt(prompt)
         ids = prompt_token_ids if prompt_token_ids is not None else self.tokenize(prompt)
         self.validate_prompt(ids, params, priority)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
@@ -454,8 +455,8 @@ class LLMEngine:
 
 
 def _prompt_list(prompts: PromptType | SequenceABC[PromptType]) -> list[PromptType]:
-    """One prompt (a text, or token ids) or a list of them, as a list."""
-    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+    """One prompt (a text, token ids or a prompt dict) or a list of them, as a list."""
+    if isinstance(prompts, (str, Mapping)) or (prompts and isinstance(prompts[0], int)):
         return [prompts]  # type: ignore[list-item]
     return list(prompts)
 
@@ -478,12 +479,24 @@ class LLM:
         if params is None:
             params = self.default_sampling_params()
         params_list = list(params) if isinstance(params, SequenceABC) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"one SamplingParams per prompt: {len(params_list)} for {len(prompts)} prompts")
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"one priority per prompt: {len(priorities)} for {len(prompts)} prompts")
-        ids = [self.engine.add_request(None, p, sp, priority=rank).request_id
-               for p, sp, rank in zip(prompts, params_list, priorities)]
-        return self._run(ids)
+        return self._run(self._add_all([(p, sp, rank) for p, sp, rank in zip(prompts, params_list, priorities)]))
+
+    def _add_all(self, requests: list[tuple[PromptType, SamplingParams, int]]) -> list[str]:
+        """Admit every request or none: one the engine refuses aborts those admitted before it (vLLM's)."""
+        ids: list[str] = []
+        try:
+            for prompt, params, priority in requests:
+                ids.append(self.engine.add_request(None, prompt, params, priority=priority).request_id)
+        except Exception:
+            for request_id in ids:
+                self.engine.abort_request(request_id)
+            raise
+        return ids
 
     def beam_search(self, prompts: PromptType | SequenceABC[PromptType],
                     params: BeamSearchParams) -> list[RequestOutput]:

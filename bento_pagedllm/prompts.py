@@ -13,11 +13,24 @@ from .loader import ModelSource, resolve_model, sampling_defaults
 from .sampling_params import SamplingParams
 from .tokenizer import apply_chat_template, bad_words_token_ids, encode_prompt, load_tokenizer
 
-PromptType = str | list[int]
+# a text, token ids, or vLLM's prompt dicts: {"prompt": text} (TextPrompt), {"prompt_token_ids": ids} (TokensPrompt)
+PromptType = str | list[int] | Mapping[str, Any]
 
 
 class RequestError(ValueError):
     """A request the engine cannot serve (too long, bad token ids...): rejected before scheduling."""
+
+
+def plain_prompt(prompt: PromptType) -> str | list[int]:
+    """The text or the token ids of a prompt given as vLLM's prompt dicts take it (as they are otherwise)."""
+    if not isinstance(prompt, Mapping):
+        return prompt
+    keys = set(prompt)
+    if keys == {"prompt"} and isinstance(prompt["prompt"], str):
+        return prompt["prompt"]
+    if keys == {"prompt_token_ids"}:
+        return list(prompt["prompt_token_ids"])
+    raise RequestError(f"a prompt dict holds 'prompt' (a text) or 'prompt_token_ids' alone; got keys {sorted(keys)}")
 
 
 class PromptProcessor:
@@ -36,6 +49,7 @@ class PromptProcessor:
         self.eos_token_ids: frozenset[int] = frozenset(eos)
 
     def tokenize(self, prompt: PromptType, add_special_tokens: bool = True) -> list[int]:
+        prompt = plain_prompt(prompt)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("this model has no tokenizer: give prompts as token ids")

@@ -91,6 +91,13 @@ async def test_abort_ends_the_stream_with_reason_abort(engine):
     engine.abort("aborted")  # an id the engine no longer holds: nothing happens
 
 
+async def test_vllms_prompt_dicts_stream_as_their_text(engine):
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    text, tokens, _, last = await collect(engine, {"prompt": "Once upon"}, params, "dict")
+    _, plain_tokens, _, _ = await collect(engine, "Once upon", params, "plain")
+    assert tokens == plain_tokens and last.prompt == "Once upon" and text == last.outputs[0].text
+
+
 async def test_breaking_out_of_the_stream_aborts(engine):
     stream = engine.generate("Stop early", SamplingParams(max_tokens=500, ignore_eos=True), request_id="brk")
     async for _ in stream:

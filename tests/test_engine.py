@@ -141,6 +141,32 @@ def test_too_long_and_invalid_prompts_are_rejected_up_front(llm):
     assert all_free(llm)
 
 
+def test_a_batch_is_admitted_whole_or_not_at_all(llm):
+    """One prompt the engine refuses aborts those of its batch admitted before it (vLLM's); one SamplingParams
+    per prompt, or a ValueError (not a batch cut short)."""
+    with pytest.raises(RequestError, match="by 1"):
+        llm.generate(["Hi", [5] * 1025], SamplingParams(max_tokens=500, ignore_eos=True))
+    assert all_free(llm)
+    with pytest.raises(ValueError, match="one SamplingParams per prompt: 2 for 3 prompts"):
+        llm.generate(["a", "b", "c"], [SamplingParams(max_tokens=1)] * 2)
+    assert all_free(llm)
+
+
+def test_vllms_prompt_dicts(llm):
+    """vLLM's TextPrompt and TokensPrompt dicts, alone or in a list, as their text and token ids."""
+    ids = llm.tokenizer("Hello, my name is").input_ids
+    params = SamplingParams(max_tokens=5, **GREEDY)
+    plain = llm.generate(["Hello, my name is", ids], params)
+    dicts = llm.generate([{"prompt": "Hello, my name is"}, {"prompt_token_ids": ids}], params)
+    assert [o.outputs[0].token_ids for o in dicts] == [o.outputs[0].token_ids for o in plain]
+    assert dicts[0].prompt == "Hello, my name is" and dicts[1].prompt is None
+    alone = llm.generate({"prompt_token_ids": ids}, params)
+    assert len(alone) == 1 and alone[0].outputs[0].token_ids == plain[1].outputs[0].token_ids
+    with pytest.raises(RequestError, match="got keys \\['multi_modal_data', 'prompt'\\]"):
+        llm.generate({"prompt": "Hi", "multi_modal_data": {}}, params)
+    assert all_free(llm)
+
+
 def test_context_limit_ends_with_length(llm):
     out = llm.generate([[7] * 1020], SamplingParams(max_tokens=100, ignore_eos=True, **GREEDY))[0].outputs[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 4
