@@ -342,25 +342,50 @@ class EngineArgs:
     hf_config_overrides: dict[str, Any] = field(default_factory=dict)
 
     def resolve_device(self) -> torch.device:
+        """"auto": CUDA where torch sees it, else the CPU; "cpu", "cuda" or "cuda:N" as asked (whether it exists
+        is `create_configs`' check)."""
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, TypeError):
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device {self.device!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        return device
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return parse_dtype(self.dtype)
 
+    def _check_flags_and_counts(self) -> None:
+        """The on/off settings are booleans (a string such as "no" would read as on) and the optional counts,
+        when given, positive (None, not 0, asks for the default)."""
+        for setting in dataclasses.fields(self):
+            value = getattr(self, setting.name)
+            if setting.type in ("bool", "bool | None") and not (
+                    isinstance(value, bool) or (value is None and setting.type == "bool | None")):
+                raise ValueError(f"{setting.name} must be True or False, got {value!r}")
+        for name in ("max_model_len", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer (None: the default), got {value!r}")
+
     def create_configs(self, model_config: ModelConfig, model_path: str) -> EngineConfigs:
         if self.load_format not in ("auto", "dummy", "hf", "gguf"):
             raise ValueError(f"unknown load_format {self.load_format!r}")
+        self._check_flags_and_counts()
         device = self.resolve_device()
-        max_model_len = self.max_model_len or model_config.max_position_embeddings
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r}: this torch sees no CUDA device")
+        max_model_len = self.max_model_len if self.max_model_len is not None else model_config.max_position_embeddings
         if max_model_len > model_config.max_position_embeddings:
             raise ValueError(
                 f"max_model_len {max_model_len} exceeds the model's {model_config.max_position_embeddings}"
             )
-        batched = self.max_num_batched_tokens or max(2048, min(max_model_len, 8192))
+        batched = (self.max_num_batched_tokens if self.max_num_batched_tokens is not None
+                   else max(2048, min(max_model_len, 8192)))
         self.validate_tensor_parallel(model_config, device)
         graphs = device.type == "cuda" and not self.enforce_eager
         return EngineConfigs(

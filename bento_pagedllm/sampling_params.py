@@ -74,6 +74,8 @@ class SamplingParams:
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty must be in [-2, 2]"),
             (self.max_tokens is None or self.max_tokens >= 0, "max_tokens must be non-negative"),
             (self.min_tokens >= 0, "min_tokens must be non-negative"),
+            (self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens must be at most max_tokens"),
+            (all(t >= 0 for t in self.stop_token_ids), "stop_token_ids must be non-negative token ids"),
             (
                 self.logprobs is None or 0 <= self.logprobs <= self.MAX_LOGPROBS,
                 f"logprobs must be in [0, {self.MAX_LOGPROBS}]",
@@ -90,6 +92,9 @@ class SamplingParams:
                       self.presence_penalty, self.frequency_penalty):
             if value != value:  # NaN
                 raise ValueError("sampling parameters must not be NaN")
+        for name in ("temperature", "repetition_penalty"):  # NOTE: the bounded ones are checked above
+            if getattr(self, name) == float("inf"):
+                raise ValueError(f"{name} must be finite")
         self.logit_bias = {int(t): float(b) for t, b in (self.logit_bias or {}).items()} or None
         for token, bias in (self.logit_bias or {}).items():
             if token < 0:

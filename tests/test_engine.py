@@ -382,3 +382,22 @@ def test_a_priority_needs_the_priority_policy(llm, tiny_llama3_dir):
     assert all_free(llm)
     with pytest.raises(ValueError, match="scheduling_policy"):
         LLM(tiny_llama3_dir, device="cpu", scheduling_policy="lifo")
+
+
+@pytest.mark.parametrize("setting, message", [
+    ({"max_model_len": 0}, "max_model_len must be a positive integer"),
+    ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be a positive integer"),
+    ({"enable_prefix_caching": "no"}, "enable_prefix_caching must be True or False, got 'no'"),
+    ({"async_scheduling": 1}, "async_scheduling must be True or False"),
+    ({"device": "gpu"}, "device 'gpu': expected 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    ({"device": "mps"}, "device 'mps': expected"),
+    pytest.param({"device": "cuda"}, "this torch sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here")),
+])
+def test_engine_args_are_checked_when_the_engine_is_built(tiny_llama3_dir, setting, message):
+    """Settings that would be read as something else (0 as the default, "no" as on) or fail deep inside are
+    refused up front, naming the setting."""
+    from bento_pagedllm import EngineArgs, LLMEngine
+
+    with pytest.raises(ValueError, match=message):
+        LLMEngine(EngineArgs(model=tiny_llama3_dir, dtype="float32", **{"device": "cpu", **setting}))

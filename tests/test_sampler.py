@@ -167,7 +167,8 @@ def test_penalties_only_touch_their_rows():
     dict(temperature=-1), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-2), dict(min_p=2.0),
     dict(repetition_penalty=0.0), dict(presence_penalty=3.0), dict(frequency_penalty=-3.0), dict(n=0),
     dict(max_tokens=-1), dict(logprobs=21), dict(prompt_logprobs=21), dict(temperature=math.nan), dict(logit_bias={1: 100.5}),
-    dict(logit_bias={-1: 1.0}), dict(logit_bias={1: math.nan}),
+    dict(logit_bias={-1: 1.0}), dict(logit_bias={1: math.nan}), dict(temperature=math.inf),
+    dict(repetition_penalty=math.inf), dict(min_tokens=5, max_tokens=4), dict(stop_token_ids=[-1]),
 ])
 def test_invalid_params_are_rejected(bad):
     with pytest.raises(ValueError):
