@@ -415,3 +415,18 @@ def test_sampling_defaults_come_from_generation_config(tmp_path: Path) -> None:
         "top_k": 50, "repetition_penalty": 1.0, "max_new_tokens": 256, "min_p": 0.05}))
     assert read_sampling_defaults(str(tmp_path)) == {"temperature": 0.6, "top_p": 0.9, "max_tokens": 256,
                                                      "min_p": 0.05}
+
+
+def test_the_import_command_says_what_it_did_and_what_went_wrong(smollm2_model, capsys) -> None:
+    """`pagedllm-import`: a line for what it did; for what the user can fix, a short message and status 1."""
+    from bento_pagedllm.loader.store import main
+
+    main(["default", "--name", smollm2_model.tag.name, "--if-missing"])
+    assert capsys.readouterr().out.strip() == f"{smollm2_model.tag} is already in the model store"
+    for argv, message in ((["/nonexistent"], "cannot find model '/nonexistent'"),
+                          (["default", "--name", "bad name!"], "bad name! is not a valid BentoML tag")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 1
+        err = capsys.readouterr().err
+        assert err.startswith("pagedllm-import: error: ") and message in err and "Traceback" not in err

@@ -81,18 +81,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", default=None, help="model name in the store (default: from the source)")
     parser.add_argument("--if-missing", action="store_true", help="do nothing when NAME is already stored")
     args = parser.parse_args(argv)
-    name = args.name or default_name(args.source)
-    if args.if_missing:
+    try:
+        print(_import(args.source, args.name or default_name(args.source), args.if_missing))
+    except (FileNotFoundError, ValueError) as error:  # NOTE: what the user can fix: a short message, no traceback
+        parser.exit(1, f"pagedllm-import: error: {error}\n")
+
+
+def _import(source: str, name: str, if_missing: bool) -> str:
+    """Import `source` as `name` (unless `if_missing` and the store has it); what happened, in a line."""
+    if if_missing:
         import bentoml
         from bentoml.exceptions import NotFound
 
         try:
-            print(f"{bentoml.models.get(name).tag} is already in the model store")
-            return
+            return f"{bentoml.models.get(name).tag} is already in the model store"
         except NotFound:
             pass
-    model = import_model(args.source, name)
-    print(f"imported {model.tag} ({', '.join(f'{k}={v}' for k, v in model.info.labels.items())})")
+    model = import_model(source, name)
+    return f"imported {model.tag} ({', '.join(f'{k}={v}' for k, v in model.info.labels.items())})"
 
 
 if __name__ == "__main__":
