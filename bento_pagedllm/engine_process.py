@@ -220,6 +220,14 @@ class EngineProcess:
             if not self._conn.poll(START_TIMEOUT_S):
                 raise TimeoutError(f"the engine process did not start within {START_TIMEOUT_S:g} s")
             first = self._conn.recv()
+        except EOFError:
+            # NOTE: the child died before it could say why (its stderr does): under "spawn" it re-imports the
+            # parent's main module, so a script that builds the engine at module level needs the
+            # `if __name__ == "__main__":` guard
+            self._kill()
+            raise RuntimeError(f"the engine process exited before its engine was built (exit code "
+                               f"{self.process.exitcode}; its error is on stderr; a script needs the "
+                               f"`if __name__ == \"__main__\":` guard)") from None
         except BaseException:
             self._kill()
             raise

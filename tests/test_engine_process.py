@@ -8,6 +8,8 @@ import asyncio
 import os
 import pickle
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -157,6 +159,19 @@ async def test_abort_ends_the_stream_in_the_engine_process(process_engine, obser
     assert received[-1].finished and received[-1].outputs[0].finish_reason == "abort"
     assert await eventually(lambda: observer.aborted == aborted + 1 and observer.idle())
     assert process_engine.num_open_streams == 0
+
+
+def test_a_script_without_the_main_guard_is_told_why(tiny_llama3_dir, tmp_path):
+    """Under "spawn" the child re-imports the script: one that builds the engine at module level makes the
+    child fail before its engine exists; the parent says so (it had raised a bare EOFError)."""
+    script = tmp_path / "unguarded.py"
+    script.write_text("from bento_pagedllm import AsyncLLMEngine, EngineArgs\n"
+                      f"AsyncLLMEngine(EngineArgs(model={tiny_llama3_dir!r}, device='cpu', num_kv_blocks=64), "
+                      "engine_process=True)\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0
+    assert "RuntimeError: the engine process exited before its engine was built" in result.stderr, result.stderr[-2000:]
+    assert "__main__" in result.stderr
 
 
 async def test_a_failing_request_fails_alone(process_engine, observer):
