@@ -333,7 +333,10 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, out: torch.Tensor | None 
         chosen = raw_logits.gather(1, tokens[:, None])[:, 0] - torch.logsumexp(raw_logits, dim=-1)
     else:  # NOTE: no row asked for log-probabilities: none are computed (as in vLLM)
         chosen = None
-    return SamplerOutput(tokens, chosen, top_ids, top_lps)
+    # the chosen token's rank in the model's distribution (1: the most likely; ties rank alike), as vLLM's
+    # Logprob.rank: a comparison over the row, where log-probabilities are asked for anyway
+    ranks = None if chosen is None else (raw_logits > raw_logits.gather(1, tokens[:, None])).sum(dim=-1) + 1
+    return SamplerOutput(tokens, chosen, top_ids, top_lps, ranks)
 
 
 def score_tokens(logits: torch.Tensor, targets: torch.Tensor, num_top: int) -> SamplerOutput:

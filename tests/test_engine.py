@@ -109,6 +109,13 @@ def test_logprobs_of_chosen_and_top_alternatives(llm):
         assert lp.top[0] == (token_id, pytest.approx(lp.logprob))  # greedy: the chosen is the most likely
         assert lp.top[0][1] >= lp.top[1][1] >= lp.top[2][1]
     assert out.cumulative_logprob == pytest.approx(sum(lp.logprob for lp in out.logprobs))
+    assert all(lp.rank == 1 for lp in out.logprobs)  # greedy: the most likely, rank 1 (vLLM's Logprob.rank)
+    # sampled: each token's rank is one more than the count of tokens more likely than it
+    hot = llm.generate("Logprobs please", SamplingParams(max_tokens=8, logprobs=20, temperature=5.0, seed=3))[0]
+    for lp in hot.outputs[0].logprobs:
+        surely_above = sum(other > lp.logprob + 1e-5 for _, other in lp.top)
+        maybe_above = sum(other > lp.logprob - 1e-5 for _, other in lp.top) - 1  # NOTE: itself, or a near-tie
+        assert lp.rank >= surely_above + 1 and (lp.rank > 20 or lp.rank <= maybe_above + 1)
 
 
 def test_frequency_penalty_reduces_repetition(llm):
