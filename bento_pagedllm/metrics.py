@@ -6,6 +6,9 @@ the requests ended, with their timings. Every request the engine
 admits ends in exactly one of finished, aborted, timed out or failed, so after a run
 `finished + aborted + timed_out + failed` equals the requests admitted: nothing is lost without a count.
 `live_gauges` renders, at scrape time on the event loop, what only the event loop knows (open streams, tasks).
+
+The measurements that dashboards and autoscalers built for vLLM read (its Grafana dashboard, KEDA scaling on
+`vllm:num_requests_waiting`) are also exported under vLLM's names, with the same `model_name` label.
 """
 
 from __future__ import annotations
@@ -19,45 +22,79 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.1
                     1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
+class _Twins:
+    """One measurement under several names (ours, and vLLM's): what is set, counted or observed goes to all."""
+
+    def __init__(self, *children) -> None:
+        self._children = children
+
+    def set(self, value: float) -> None:
+        for child in self._children:
+            child.set(value)
+
+    def inc(self, amount: float = 1) -> None:
+        for child in self._children:
+            child.inc(amount)
+
+    def observe(self, value: float) -> None:
+        for child in self._children:
+            child.observe(value)
+
+
 class EngineMetrics(EngineObserver):
     def __init__(self, model_name: str) -> None:
         from bentoml import metrics
 
         labels = ["model_name"]
+
+        def named(kind, names, doc, **options):
+            """The metric under each of `names` (ours first, then vLLM's), as one."""
+            children = [kind(name=name, documentation=doc, labelnames=labels, **options).labels(model_name=model_name)
+                        for name in names]
+            return children[0] if len(children) == 1 else _Twins(*children)
+
         # NOTE: BentoML runs prometheus_client in multiprocess mode; gauges must say how to merge workers.
-        def gauge(name, doc):
-            return metrics.Gauge(name=name, documentation=doc, labelnames=labels,
-                                 multiprocess_mode="livemax").labels(model_name=model_name)
+        def gauge(*names, doc):
+            return named(metrics.Gauge, names, doc, multiprocess_mode="livemax")
 
-        def counter(name, doc):
-            return metrics.Counter(name=name, documentation=doc, labelnames=labels).labels(model_name=model_name)
+        def counter(*names, doc):  # NOTE: prometheus_client appends `_total` to a counter's name
+            return named(metrics.Counter, names, doc)
 
-        def histogram(name, doc):
-            return metrics.Histogram(name=name, documentation=doc, labelnames=labels,
-                                     buckets=_LATENCY_BUCKETS).labels(model_name=model_name)
+        def histogram(*names, doc):
+            return named(metrics.Histogram, names, doc, buckets=_LATENCY_BUCKETS)
 
-        self.requests_running = gauge("pagedllm_requests_running", "Sequences in the running batch")
-        self.requests_waiting = gauge("pagedllm_requests_waiting", "Sequences waiting to be scheduled")
-        self.requests_unfinished = gauge("pagedllm_requests_unfinished", "Requests the engine holds")
-        self.kv_blocks_used = gauge("pagedllm_kv_blocks_used", "KV cache blocks in use")
-        self.kv_blocks_total = gauge("pagedllm_kv_blocks_total", "KV cache blocks in the pool")
-        self.prompt_tokens = counter("pagedllm_prompt_tokens", "Prompt tokens of finished requests")
-        self.generation_tokens = counter("pagedllm_generation_tokens", "Tokens generated")
-        self.preemptions = counter("pagedllm_preemptions", "Sequences preempted for lack of KV blocks")
-        self.requests_finished = counter("pagedllm_requests_finished", "Requests finished (not aborted)")
-        self.requests_aborted = counter("pagedllm_requests_aborted", "Requests aborted (client gone, shutdown)")
+        self.requests_running = gauge("pagedllm_requests_running", "vllm:num_requests_running",
+                                      doc="Sequences in the running batch")
+        self.requests_waiting = gauge("pagedllm_requests_waiting", "vllm:num_requests_waiting",
+                                      doc="Sequences waiting to be scheduled")
+        self.kv_cache_usage = gauge("vllm:kv_cache_usage_perc", doc="KV cache usage (1: every block in use)")
+        self.requests_unfinished = gauge("pagedllm_requests_unfinished", doc="Requests the engine holds")
+        self.kv_blocks_used = gauge("pagedllm_kv_blocks_used", doc="KV cache blocks in use")
+        self.kv_blocks_total = gauge("pagedllm_kv_blocks_total", doc="KV cache blocks in the pool")
+        self.prompt_tokens = counter("pagedllm_prompt_tokens", "vllm:prompt_tokens",
+                                     doc="Prompt tokens of finished requests")
+        self.generation_tokens = counter("pagedllm_generation_tokens", "vllm:generation_tokens", doc="Tokens generated")
+        self.preemptions = counter("pagedllm_preemptions", "vllm:num_preemptions",
+                                   doc="Sequences preempted for lack of KV blocks")
+        self.requests_finished = counter("pagedllm_requests_finished", doc="Requests finished (not aborted)")
+        self.requests_aborted = counter("pagedllm_requests_aborted", doc="Requests aborted (client gone, shutdown)")
         self.requests_timed_out = counter("pagedllm_requests_timed_out",
-                                          "Requests aborted for running past the time limit")
-        self.requests_failed = counter("pagedllm_requests_failed", "Requests that failed inside the engine")
+                                          doc="Requests aborted for running past the time limit")
+        self.requests_failed = counter("pagedllm_requests_failed", doc="Requests that failed inside the engine")
         self.requests_rejected = counter("pagedllm_requests_rejected",
-                                         "Requests refused at admission because too many were waiting")
-        self.prefix_cache_queries = counter("pagedllm_prefix_cache_queries",
-                                            "Prompt tokens looked up in the prefix cache")
-        self.prefix_cache_hits = counter("pagedllm_prefix_cache_hits", "Prompt tokens found in the prefix cache")
+                                         doc="Requests refused at admission because too many were waiting")
+        self.prefix_cache_queries = counter("pagedllm_prefix_cache_queries", "vllm:prefix_cache_queries",
+                                            doc="Prompt tokens looked up in the prefix cache")
+        self.prefix_cache_hits = counter("pagedllm_prefix_cache_hits", "vllm:prefix_cache_hits",
+                                         doc="Prompt tokens found in the prefix cache")
         self._prefix_seen = (0, 0)
-        self.time_to_first_token = histogram("pagedllm_time_to_first_token_seconds", "Time to first token")
+        self.time_to_first_token = histogram("pagedllm_time_to_first_token_seconds", "vllm:time_to_first_token_seconds",
+                                             doc="Time to first token")
+        # NOTE: vLLM's per-request mean is `request_time_per_output_token_seconds` (its
+        # `time_per_output_token_seconds` observes each token's interval)
         self.time_per_output_token = histogram("pagedllm_time_per_output_token_seconds",
-                                               "Mean time per output token after the first, per request")
+                                               "vllm:request_time_per_output_token_seconds",
+                                               doc="Mean time per output token after the first, per request")
 
     def observe(self, report: EngineReport) -> None:
         stats = report.stats
@@ -66,6 +103,7 @@ class EngineMetrics(EngineObserver):
         self.requests_unfinished.set(stats.num_unfinished)
         self.kv_blocks_used.set(stats.kv_blocks_used)
         self.kv_blocks_total.set(stats.kv_blocks_total)
+        self.kv_cache_usage.set(stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else 0.0)
         queries, hits = stats.prefix_query_tokens, stats.prefix_hit_tokens
         if (queries, hits) != self._prefix_seen:
             self.prefix_cache_queries.inc(queries - self._prefix_seen[0])

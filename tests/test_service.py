@@ -264,6 +264,18 @@ def test_metrics_report_engine_state(server):
         server.metric(name)
     assert server.metric("pagedllm_generation_tokens_total") > 0
     assert server.metric("pagedllm_time_to_first_token_seconds_count") > 0
+    # the same measurements under vLLM's names, for dashboards and autoscalers built for vLLM (one scrape, idle)
+    twins = {"pagedllm_generation_tokens_total": "vllm:generation_tokens_total",
+             "pagedllm_prompt_tokens_total": "vllm:prompt_tokens_total",
+             "pagedllm_requests_waiting": "vllm:num_requests_waiting",
+             "pagedllm_requests_running": "vllm:num_requests_running",
+             "pagedllm_prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
+             "pagedllm_time_to_first_token_seconds_count": "vllm:time_to_first_token_seconds_count",
+             "pagedllm_time_per_output_token_seconds_count": "vllm:request_time_per_output_token_seconds_count"}
+    server.wait_idle()
+    scraped = server.metrics([*twins, *twins.values(), "vllm:kv_cache_usage_perc"])
+    assert all(scraped[vllms] == scraped[ours] for ours, vllms in twins.items()), scraped
+    assert scraped["vllm:kv_cache_usage_perc"] == 0.0 and scraped["vllm:generation_tokens_total"] > 0
 
 
 def test_generated_tokens_are_counted_exactly(client, server):
