@@ -277,6 +277,22 @@ async def test_completions_logprobs(oai):
     assert sum((s.text_offset for s in streamed), []) == lp.text_offset
 
 
+async def test_text_offsets_count_the_texts_characters_where_a_token_is_part_of_one(oai, engine):
+    """An emoji split over byte tokens (`bytes:\\xf0\\x9f`...): each token's offset is where its text starts
+    in the answer's text, the split character counted once, when complete."""
+    prompt = "Party 🎉 time: ¡olé!"
+    out = await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                       logprobs=1, extra_body={"ignore_eos": True})
+    text, lp = out.choices[0].text, out.choices[0].logprobs
+    assert any(token.startswith("bytes:") for token in lp.tokens)  # the case at hand
+    ids = engine.tokenizer(prompt).input_ids  # the prompt's tokens lead
+    # where each token starts: the characters its predecessors complete (a partial one decodes as U+FFFD)
+    starts = [len(engine.tokenizer.decode(ids[:i]).replace("\ufffd", "")) for i in range(len(ids))]
+    assert lp.text_offset[: len(ids)] == starts
+    assert all(a <= b <= len(text) for a, b in zip(lp.text_offset, lp.text_offset[1:]))
+    assert text.startswith(prompt)
+
+
 async def test_echo(oai, engine):
     prompt = "Once upon a time"
     plain = await oai.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0)

@@ -5,6 +5,7 @@ way for both.
 
 from __future__ import annotations
 
+import codecs
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +132,9 @@ class CompletionFormat(Format):
         self.echo = echo
         self.prompt_logprobs = prompt_logprobs
         self._offsets: dict[int, int] = {}  # per choice: text_offset of its next token
+        # per choice: its tokens' bytes decoded as they come, so a character split over tokens (byte fallback)
+        # counts once, when complete, as it does in the text
+        self._decoders: dict[int, codecs.IncrementalDecoder] = {}
         self._held: dict[int, Prompt] = {}  # per choice: a prompt to echo with its scores in the first delta
 
     @property
@@ -193,8 +197,9 @@ class CompletionFormat(Format):
         """OpenAI's legacy form of (token id, its score or None) entries."""
         tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
         offset = self._offsets.get(index, 0)
+        decoder = self._decoders.setdefault(index, codecs.getincrementaldecoder("utf-8")(errors="replace"))
         for token_id, lp in entries:
-            text = self.texts.get(token_id)[0]
+            text, raw = self.texts.get(token_id)
             if lp is None:  # the prompt's first token: nothing before it to score it
                 chosen, top = None, None
             else:
@@ -205,7 +210,7 @@ class CompletionFormat(Format):
             token_logprobs.append(chosen)
             top_logprobs.append(top)
             text_offset.append(offset)
-            offset += len(text)
+            offset += len(decoder.decode(raw))  # NOTE: characters of the text, not of a `bytes:` label
         self._offsets[index] = offset
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
                 "text_offset": text_offset}
