@@ -81,6 +81,24 @@ async def test_required_makes_one_or_more_calls_of_the_given_tools(oai):
                      for c in out.choices}
 
 
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+async def test_the_sdks_stream_helper_closes_each_call_and_matches_the_answer(oai, tool_choice):
+    """The `openai` SDK's `chat.completions.stream`: each call's arguments end with their `done` event (which
+    needs the finish reason in a chunk after them), and the final message is the non-streamed one (content
+    null: no empty text either)."""
+    request = dict(model=MODEL, messages=HELLO, tools=[WEATHER, TIME], tool_choice=tool_choice, temperature=1,
+                   seed=5, max_tokens=120, parallel_tool_calls=False)
+    whole = (await oai.chat.completions.create(**request)).choices[0]
+    async with oai.chat.completions.stream(**request) as stream:
+        kinds = [event.type async for event in stream]
+        final = (await stream.get_final_completion()).choices[0]
+    assert "tool_calls.function.arguments.done" in kinds and "content.delta" not in kinds, kinds
+    assert final.message.content is None and whole.message.content is None
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert final.finish_reason == whole.finish_reason
+
+
 async def test_auto_and_none_answer_in_text_when_the_answer_is_no_call(oai, engine):
     """A random model's free answer is not JSON naming a tool: text, as without tools (the same tokens:
     SmolLM2's template, which the tiny model has, ignores the tools)."""
@@ -138,7 +156,7 @@ def streamed(fmt: ToolCallFormat, pieces: list[str], reason: str) -> list[dict]:
                                               cumulative_logprob=None, logprobs=None, delta_text=piece))
         if chunk is not None:
             chunks.append(chunk)
-    return chunks + [fmt.finish(0, reason)]
+    return chunks + fmt.finish(0, reason)
 
 
 def plan(mode: str, **kwargs) -> ToolPlan:
@@ -170,10 +188,12 @@ def test_auto_reads_json_naming_a_tool_as_calls(answer, calls):
     else:
         assert whole["message"]["content"] is None and whole["finish_reason"] == "tool_calls"
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole["message"]["tool_calls"]] == calls
-        (last,) = [c for c in chunks if c["delta"]]  # JSON is held back, then sent as calls at the end
-        assert [(c["function"]["name"], c["function"]["arguments"]) for c in last["delta"]["tool_calls"]] == calls
-        assert [c["index"] for c in last["delta"]["tool_calls"]] == list(range(len(calls)))
-        assert last["finish_reason"] == "tool_calls"
+        (sent,) = [c for c in chunks if c["delta"]]  # JSON is held back, then sent as calls at the end
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in sent["delta"]["tool_calls"]] == calls
+        assert [c["index"] for c in sent["delta"]["tool_calls"]] == list(range(len(calls)))
+        # the reason in a chunk of its own, after the calls (as OpenAI sends it)
+        assert sent["finish_reason"] is None and chunks[-1] == {"index": 0, "delta": {}, "logprobs": None,
+                                                                "finish_reason": "tool_calls"}
 
 
 def test_text_streams_at_once_under_auto():

@@ -55,7 +55,10 @@ class Format:
         """What one engine step added to the choice, or None if nothing worth a chunk."""
         raise NotImplementedError
 
-    def finish(self, index: int, reason: str | None) -> dict[str, Any]:
+    def finish(self, index: int, reason: str | None) -> list[dict[str, Any]]:
+        """The choice's last streamed chunks: what it held back, if anything, then the one with its reason.
+        NOTE: the reason comes in a chunk of its own, as OpenAI sends it (the `openai` SDK's stream helpers
+        close a tool call's arguments only when the reason follows them)."""
         raise NotImplementedError
 
     def choice(self, index: int, prompt: Prompt, choice: CompletionOutput) -> dict[str, Any]:
@@ -89,8 +92,8 @@ class ChatFormat(Format):
         return {"index": index, "delta": {"content": choice.delta_text}, "logprobs": self._logprobs(logprobs),
                 "finish_reason": None}
 
-    def finish(self, index: int, reason: str | None) -> dict[str, Any]:
-        return {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
+    def finish(self, index: int, reason: str | None) -> list[dict[str, Any]]:
+        return [{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}]
 
     def choice(self, index: int, prompt: Prompt, choice: CompletionOutput) -> dict[str, Any]:
         return {
@@ -178,8 +181,8 @@ class CompletionFormat(Format):
         return {"index": index, "text": echo + choice.delta_text,
                 "logprobs": self._logprobs(index, entries) if logprobs is not None else None, "finish_reason": None}
 
-    def finish(self, index: int, reason: str | None) -> dict[str, Any]:
-        return {"index": index, "text": "", "logprobs": None, "finish_reason": reason}
+    def finish(self, index: int, reason: str | None) -> list[dict[str, Any]]:
+        return [{"index": index, "text": "", "logprobs": None, "finish_reason": reason}]
 
     def choice(self, index: int, prompt: Prompt, choice: CompletionOutput) -> dict[str, Any]:
         echo = self._echo(index, prompt)

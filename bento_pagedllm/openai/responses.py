@@ -297,8 +297,8 @@ async def _sse_events(streams: JobStreams, job: Job, fmt: Format, include_usage:
                     if choice.finished:
                         finished.add(index)
                         completion_tokens += len(choice.token_ids)
-                        events.append(choice_chunk(fmt.finish(index, finish_reason(choice)), p_index,
-                                                   len(choice.token_ids)))
+                        events += (choice_chunk(last, p_index, len(choice.token_ids))
+                                   for last in fmt.finish(index, finish_reason(choice)))
                 if events and pacer.due():
                     yield "".join(events)
                     events = []

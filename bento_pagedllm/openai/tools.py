@@ -132,6 +132,12 @@ class ToolCallFormat(ChatFormat):
         self._as_text: set[int] = set()  # auto: choices found to be text, streamed as such
         self._opened: set[int] = set()  # named: choices whose call's first delta went out
 
+    def opening(self, index: int, prompt: Prompt) -> dict[str, Any]:
+        """NOTE: content null, as OpenAI's tool-call streams open (and as the non-streamed message has it):
+        an answer that turns out to be text (under "auto") streams its content after."""
+        return {"index": index, "delta": {"role": "assistant", "content": None}, "logprobs": None,
+                "finish_reason": None}
+
     def delta(self, index: int, choice: CompletionOutput) -> dict[str, Any] | None:
         text = choice.delta_text
         if not text:
@@ -151,14 +157,16 @@ class ToolCallFormat(ChatFormat):
             return self._chunk(index, {"content": held}, None)
         return None
 
-    def finish(self, index: int, reason: str | None) -> dict[str, Any]:
+    def finish(self, index: int, reason: str | None) -> list[dict[str, Any]]:
         if self.plan.mode == "named" or index in self._as_text:
-            return self._chunk(index, {}, reason)
+            return [self._chunk(index, {}, reason)]
         held = self._held.pop(index, "")
         calls = parse_calls(held, self.plan)
         if calls is None:
-            return self._chunk(index, {"content": held} if held else {}, reason)
-        return self._chunk(index, {"tool_calls": [_call(i, *call) for i, call in enumerate(calls)]}, "tool_calls")
+            text = [self._chunk(index, {"content": held}, None)] if held else []
+            return text + [self._chunk(index, {}, reason)]
+        return [self._chunk(index, {"tool_calls": [_call(i, *call) for i, call in enumerate(calls)]}, None),
+                self._chunk(index, {}, "tool_calls")]
 
     def choice(self, index: int, prompt: Prompt, choice: CompletionOutput) -> dict[str, Any]:
         reason = choice.finish_reason
