@@ -877,6 +877,19 @@ async def test_malformed_json_and_non_objects(http):
         assert error["type"] == "invalid_request_error" and error["param"] is None
 
 
+async def test_json_in_any_encoding_json_loads_reads(http):
+    """A body with a UTF-8 byte-order mark, or in UTF-16 or UTF-32 (RFC 8259's encodings, which Python's
+    `json.loads`, vLLM's parser, reads): the same answer as plain UTF-8."""
+    body = json.dumps({"model": MODEL, "prompt": "Olé ☕", "max_tokens": 3, "temperature": 0}, ensure_ascii=False)
+    plain = (await http.post("/v1/completions", content=body.encode())).json()["choices"][0]["text"]
+    for encoded in (b"\xef\xbb\xbf" + body.encode(), body.encode("utf-16"), body.encode("utf-16-le"),
+                    body.encode("utf-32")):
+        r = await http.post("/v1/completions", content=encoded, headers={"content-type": "application/json"})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain, r.text
+    r = await http.post("/v1/completions", content=b"\xff\xfe{\x00", headers={"content-type": "application/json"})
+    assert error_of(r, 400)["type"] == "invalid_request_error"  # cut-short UTF-16: still a 400
+
+
 async def test_context_window(engine, http, oai):
     prompt_tokens = len(apply_chat_template(engine.tokenizer, HELLO))
     r = await http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 1000})

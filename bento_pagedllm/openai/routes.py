@@ -17,6 +17,7 @@ ones included, sits behind the API key when one is set (auth.py).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -170,7 +171,7 @@ class _Server:
                 raise _too_large(self.max_body_bytes)
             chunks.append(chunk)
         try:
-            return model.model_validate_json(b"".join(chunks))
+            return model.model_validate_json(_as_utf8(b"".join(chunks)))
         except ValidationError as error:
             raise errors.from_validation_error(error, FIELD_NAMES) from None
 
@@ -246,6 +247,18 @@ class _Server:
         body = await self._parse(request, DetokenizeRequest)
         engine = self._engine_for(body.model)
         return JSONResponse(detokenize(body, engine))
+
+
+def _as_utf8(body: bytes) -> bytes:
+    """The body as UTF-8 JSON: what Python's `json.loads` (vLLM's parser) reads from bytes, pydantic's reads too
+    (a UTF-8 byte-order mark, UTF-16 or UTF-32, told apart by their first bytes as RFC 8259 says)."""
+    encoding = json.detect_encoding(body)
+    if encoding == "utf-8":
+        return body
+    try:
+        return body.decode(encoding).encode("utf-8")
+    except UnicodeDecodeError:
+        return body  # NOTE: the parser says what is wrong with it
 
 
 def _too_large(limit: int) -> OpenAIError:
