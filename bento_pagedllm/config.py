@@ -340,6 +340,9 @@ class EngineArgs:
     # collected: an engine dropped without `shutdown` (its cycles) would keep its KV cache.
     quiet_gc: bool = False
     hf_config_overrides: dict[str, Any] = field(default_factory=dict)
+    # A Jinja chat template, or a file holding one, in place of the model's (vLLM's --chat-template): for a
+    # model that has none (a base model) or whose template is wrong. None: the model's own.
+    chat_template: str | None = None
 
     def resolve_device(self) -> torch.device:
         """"auto": CUDA where torch sees it, else the CPU; "cpu", "cuda" or "cuda:N" as asked (whether it exists

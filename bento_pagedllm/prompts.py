@@ -11,7 +11,7 @@ from typing import Any
 from .config import EngineArgs, EngineConfigs, SchedulingPolicy
 from .loader import ModelSource, resolve_model, sampling_defaults
 from .sampling_params import SamplingParams
-from .tokenizer import apply_chat_template, bad_words_token_ids, encode_prompt, load_tokenizer
+from .tokenizer import apply_chat_template, bad_words_token_ids, encode_prompt, load_tokenizer, read_chat_template
 
 # a text, token ids, or vLLM's prompt dicts: {"prompt": text} (TextPrompt), {"prompt_token_ids": ids} (TokensPrompt)
 PromptType = str | list[int] | Mapping[str, Any]
@@ -39,6 +39,10 @@ class PromptProcessor:
         self.configs: EngineConfigs = args.create_configs(self.source.config, self.source.path)
         self.model_config = self.configs.model
         self.tokenizer = load_tokenizer(self.source.tokenizer_dir) if self.source.tokenizer_dir else None
+        if args.chat_template is not None:
+            if self.tokenizer is None:
+                raise ValueError("chat_template is set, but this model has no tokenizer to render it")
+            self.tokenizer.chat_template = read_chat_template(args.chat_template)
         # the model's recommended sampling parameters (generation_config.json): the API's defaults for the
         # fields a request leaves out, unless the server is told to ignore them
         self.sampling_defaults = sampling_defaults(self.source)
@@ -63,6 +67,9 @@ class PromptProcessor:
         (tokenizer.apply_chat_template says what the rest do)."""
         if self.tokenizer is None:
             raise RequestError("this model has no tokenizer, so no chat template")
+        if not self.tokenizer.chat_template:
+            raise RequestError("this model has no chat template: the server can take one (EngineArgs.chat_template, "
+                               "PAGEDLLM_CHAT_TEMPLATE: vLLM's --chat-template), or send a completions prompt")
         return apply_chat_template(self.tokenizer, messages, add_generation_prompt, tools, continue_final_message,
                                    template_kwargs)
 

@@ -33,6 +33,7 @@
 | PAGEDLLM_MAX_GRAPH_BATCH | 256 | largest decode batch captured in a CUDA graph |
 | PAGEDLLM_ASYNC_SCHEDULING | auto | plan step N+1 before reading step N (auto: on for CUDA) |
 | PAGEDLLM_TENSOR_PARALLEL_SIZE | 1 | GPUs (processes) the model is split over; the service asks BentoML for as many |
+| PAGEDLLM_CHAT_TEMPLATE | the model's | a Jinja chat template, or a file holding one (vLLM's --chat-template) |
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ _ENGINE_FIELDS = {
     "load_format": str, "max_graph_batch": int, "async_scheduling": _parse_bool,
     "tensor_parallel_size": int, "quiet_gc": _parse_bool,
     "scheduling_policy": lambda raw: parse_scheduling_policy(raw).value,
+    "chat_template": str,
 }
 
 

@@ -27,6 +27,18 @@ def load_tokenizer(tokenizer_dir: str) -> PreTrainedTokenizerBase:
     return AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
 
 
+def read_chat_template(value: str) -> str:
+    """`EngineArgs.chat_template`: the template itself when it reads as Jinja (vLLM's rule: it holds `{`, `}` or a
+    line break), else the file it names."""
+    if any(c in value for c in "{}\n"):
+        return value
+    try:
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    except OSError as error:
+        raise ValueError(f"chat_template {value!r} is neither a Jinja template nor a readable file: {error}") from None
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool = True) -> list[int]:
     """Token ids of a raw prompt, with the tokenizer's own special-token handling (e.g. a BOS it adds) unless
     `add_special_tokens` is false."""

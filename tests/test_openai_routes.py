@@ -618,6 +618,37 @@ async def test_the_models_generation_config_sets_the_sampling_defaults(tiny_llam
         engine.shutdown()
 
 
+async def test_a_chat_template_for_a_model_without_one(tiny_llama3_dir, tmp_path):
+    """vLLM's --chat-template (EngineArgs.chat_template, PAGEDLLM_CHAT_TEMPLATE): a base model without a template
+    answers chat requests with a 400 saying how to give one; given one, inline or as a file, chats render by it."""
+    from bento_pagedllm import EngineArgs, LLMEngine
+
+    model_dir = tmp_path / "base"
+    shutil.copytree(tiny_llama3_dir, model_dir)
+    (model_dir / "chat_template.jinja").unlink()
+    config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    engine = tiny_engine(str(model_dir))
+    try:
+        async with http_client(mount(lambda: engine)) as client:
+            r = await client.post("/v1/chat/completions", json={"model": MODEL, "messages": HELLO, "max_tokens": 2})
+            assert "PAGEDLLM_CHAT_TEMPLATE" in error_of(r, 400)["message"]
+            ok = await client.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})
+            assert ok.status_code == 200
+    finally:
+        engine.shutdown()
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}>{% endif %}"
+    (tmp_path / "plain.jinja").write_text(template)
+    for given in (template, str(tmp_path / "plain.jinja")):
+        chats = LLMEngine(EngineArgs(model=str(model_dir), dtype="float32", device="cpu", num_kv_blocks=64,
+                                     chat_template=given))
+        rendered = chats.tokenizer.decode(chats.chat_prompt_ids(HELLO))
+        assert rendered == "<user>Hello there, how are you?\n>", rendered
+    with pytest.raises(ValueError, match="neither a Jinja template nor a readable file"):
+        LLMEngine(EngineArgs(model=str(model_dir), dtype="float32", device="cpu", chat_template="missing.jinja"))
+
+
 async def test_add_special_tokens_false_leaves_the_bos_out(tiny_llama3_dir, tmp_path):
     """vLLM's add_special_tokens on completions: a tokenizer that writes a BOS before a text prompt (here
     SmolLM2's, told to) does so unless the request says false; /tokenize counts the same."""
@@ -1110,6 +1141,14 @@ def test_the_resources_follow_the_device_then_the_bento_argument(monkeypatch, ma
     assert "device" not in ServiceSettings.from_env({}, accelerator="gpu").engine  # the engine's device: its own
     with pytest.raises(ValueError, match="accelerator='tpu'"):
         ServiceSettings.from_env({}, accelerator="tpu")
+
+
+def test_the_chat_template_setting():
+    from bento_pagedllm.settings import ServiceSettings
+
+    assert ServiceSettings.from_env({}).engine_args("/m").chat_template is None
+    given = ServiceSettings.from_env({"PAGEDLLM_CHAT_TEMPLATE": "/etc/templates/llama.jinja"})
+    assert given.engine_args("/m").chat_template == "/etc/templates/llama.jinja"
 
 
 def test_the_trace_requests_setting():
