@@ -110,7 +110,8 @@ async def test_chat_non_streamed_and_streamed_agree(engine, http, oai):
     assert all("usage" not in e for e in events[:-1])
     assert events[0]["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                      "finish_reason": None}]
-    assert events[-2]["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length"}]
+    assert events[-2]["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "length",
+                                      "stop_reason": None}]  # vLLM's stop_reason: no stop string or id ended it
 
 
 async def test_chat_content_parts_and_extras(oai, http):
@@ -690,6 +691,13 @@ async def test_vllms_output_and_prompt_options(engine, http):
     for keep, expected in ((False, text[:cut]), (True, text[:cut + len(stop)])):
         r = await http.post("/v1/completions", json={**base, "stop": [stop], "include_stop_str_in_output": keep})
         assert r.json()["choices"][0]["text"] == expected and r.json()["choices"][0]["finish_reason"] == "stop"
+        assert r.json()["choices"][0]["stop_reason"] == stop  # vLLM's: which stop ended it
+    # a stop token id is named too, streamed as well (in the chunk with the finish reason)
+    second = (await engine_token_ids(engine, base["prompt"], max_tokens=3, ignore_eos=True))[1]
+    by_id = {**base, "stop_token_ids": [second]}
+    assert (await http.post("/v1/completions", json=by_id)).json()["choices"][0]["stop_reason"] == second
+    events = sse_events((await http.post("/v1/completions", json={**by_id, "stream": True})).text)
+    assert [c["stop_reason"] for e in events[:-1] for c in e["choices"] if c["finish_reason"]] == [second]
 
     eos = engine.tokenizer.eos_token_id
     forced = {**base, "max_tokens": 2, "logit_bias": {str(eos): 100}}  # the end-of-text token, twice

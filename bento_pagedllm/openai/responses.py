@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from ..async_engine import AsyncLLMEngine, RequestStream
 from ..beam_search import BeamSearchParams, beam_search_output
-from ..outputs import RequestOutput
+from ..outputs import CompletionOutput, RequestOutput
 from ..sampling_params import SamplingParams
 from .errors import OpenAIError
 from .formats import Format, Prompt, finish_reason
@@ -194,7 +194,7 @@ async def respond(
     for p_index, (prompt, out) in enumerate(zip(job.prompts, outputs)):
         for choice in sorted(out.outputs, key=lambda c: c.index):
             fmt.take_prompt_scores(p_index * job.n + choice.index, out.prompt_logprobs)
-            choices.append(fmt.choice(p_index * job.n + choice.index, prompt, choice))
+            choices.append(_with_stop_reason(fmt.choice(p_index * job.n + choice.index, prompt, choice), choice))
             completion_tokens += len(choice.token_ids)
     return JSONResponse({
         "id": job.id,
@@ -206,6 +206,12 @@ async def respond(
         "usage": _usage(job.prompt_tokens, completion_tokens, cached_tokens),
         **fmt.response_fields(outputs),
     })
+
+
+def _with_stop_reason(answer: dict[str, Any], choice: CompletionOutput) -> dict[str, Any]:
+    """vLLM's `stop_reason` beside the finish reason: the stop string or stop token id that ended the choice
+    (None: end of sequence, or a length)."""
+    return {**answer, "stop_reason": choice.stop_reason}
 
 
 async def _beam_search_outputs(engine: AsyncLLMEngine, job: Job) -> list[RequestOutput]:
@@ -297,8 +303,9 @@ async def _sse_events(streams: JobStreams, job: Job, fmt: Format, include_usage:
                     if choice.finished:
                         finished.add(index)
                         completion_tokens += len(choice.token_ids)
-                        events += (choice_chunk(last, p_index, len(choice.token_ids))
-                                   for last in fmt.finish(index, finish_reason(choice)))
+                        *held, last = fmt.finish(index, finish_reason(choice))
+                        events += (choice_chunk(c, p_index, len(choice.token_ids))
+                                   for c in (*held, _with_stop_reason(last, choice)))
                 if events and pacer.due():
                     yield "".join(events)
                     events = []
