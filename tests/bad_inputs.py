@@ -67,7 +67,7 @@ def bad_inputs(model: str, *, max_body_bytes: int, vocab_size: int, model_path: 
         BadInput("n is fractional", "/completions", completion_with(n=1.5), 400),
         BadInput("stream is a string", "/chat/completions", chat_with(stream="yes"), 400),
         BadInput("stop is a number", "/completions", completion_with(stop=5), 400),
-        BadInput("model is null", "/completions", completion_with(model=None), 400),
+        BadInput("model is a number", "/completions", completion_with(model=5), 400),
         BadInput("logprobs is a string", "/chat/completions", chat_with(logprobs="yes"), 400),
         # NaN, infinities and negative numbers
         BadInput("temperature NaN", "/completions",

@@ -816,7 +816,7 @@ BAD_REQUESTS = [
     ("/chat/completions", {**CHAT, "logit_bias": {"five": 1.0}}, 400, "logit_bias", None),
     ("/chat/completions", {**CHAT, "logit_bias": {"5": 101}}, 400, "logit_bias", "invalid_value"),
     ("/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"49152": 1}}, 400, "logit_bias", None),
-    ("/chat/completions", {"messages": HELLO}, 400, "model", "missing_required_parameter"),
+    ("/chat/completions", {"model": 5, "messages": HELLO}, 400, "model", "invalid_type"),
     ("/chat/completions", {"model": MODEL}, 400, "messages", "missing_required_parameter"),
     ("/chat/completions", {"model": MODEL, "messages": []}, 400, "messages", "invalid_value"),
     ("/chat/completions", {"model": MODEL, "messages": [{"role": "robot", "content": "hi"}]}, 400,
@@ -897,6 +897,14 @@ async def test_bad_requests(http, path, body, status, param, code):
     error = error_of(await http.post("/v1" + path, json=body), status)
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param and error["code"] == code and error["message"]
+
+
+async def test_a_request_without_a_model_is_for_the_served_one(http):
+    """vLLM's: `model` left out (or null) names the served model, in the answer too."""
+    for path, body in (("/v1/chat/completions", {"messages": HELLO}), ("/v1/completions", {"prompt": "Hi"}),
+                       ("/v1/responses", {"input": "Hi"}), ("/v1/chat/completions", {"model": None, "messages": HELLO})):
+        r = await http.post(path, json={**body, "max_tokens" if "responses" not in path else "max_output_tokens": 2})
+        assert r.status_code == 200 and r.json()["model"] == MODEL, r.text
 
 
 async def test_a_seed_outside_64_bits_is_refused_in_plain_words(http):

@@ -88,7 +88,7 @@ class StructuredOutputsParams(_Body):
 class _SamplingRequest(_Body):
     """What completions and chat completions share."""
 
-    model: str
+    model: str | None = None  # NOTE: left out or null: the served model (vLLM's); the route fills it in
     n: Annotated[Int, Field(ge=1, le=MAX_N)] | None = 1
     max_tokens: PositiveInt | None = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0, allow_inf_nan=False)] | None = None
@@ -301,7 +301,7 @@ class ResponsesRequest(_Body):
     outputs), after `instructions` (a system message). Stateless: `previous_response_id` and `background`
     are refused and nothing is stored (the answer says `store: false`)."""
 
-    model: str
+    model: str | None = None  # as in the other requests: the served model when left out
     input: str | Annotated[list[InputMessage | FunctionCallItem | FunctionCallOutputItem], Field(min_length=1)]
     instructions: str | None = None
     max_output_tokens: PositiveInt | None = None

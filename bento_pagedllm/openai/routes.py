@@ -171,9 +171,12 @@ class _Server:
                 raise _too_large(self.max_body_bytes)
             chunks.append(chunk)
         try:
-            return model.model_validate_json(_as_utf8(b"".join(chunks)))
+            body = model.model_validate_json(_as_utf8(b"".join(chunks)))
         except ValidationError as error:
             raise errors.from_validation_error(error, FIELD_NAMES) from None
+        if getattr(body, "model", "") is None:  # left out or null: the served model (vLLM's)
+            body.model = self.model_name
+        return body
 
     def _defaults(self, engine: AsyncLLMEngine) -> Mapping[str, float | int]:
         """What a request's omitted sampling fields default to (build_openai_app's `model_sampling_defaults`)."""
