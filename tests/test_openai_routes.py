@@ -560,6 +560,11 @@ async def test_structured_outputs(oai, engine):
         out = await oai.completions.create(model=MODEL, prompt="Answer:", max_tokens=40, temperature=1, seed=1,
                                            n=2, extra_body={"structured_outputs": extension})
         assert all(fits(c.text) and c.finish_reason == "stop" for c in out.choices), (extension, out.choices)
+        # vLLM's older guided_* fields: the same constraint, the same answer
+        ((kind, value),) = extension.items()
+        guided = await oai.completions.create(model=MODEL, prompt="Answer:", max_tokens=40, temperature=1, seed=1,
+                                              n=2, extra_body={f"guided_{kind}": value})
+        assert [c.text for c in guided.choices] == [c.text for c in out.choices]
     plain = await oai.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, temperature=0,
                                               response_format={"type": "text"})
     assert plain.choices[0].message.content == engine.tokenizer.decode(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 MAX_LOGPROBS = 20  # SamplingParams.MAX_LOGPROBS; OpenAI's limit for top_logprobs too
@@ -85,8 +85,25 @@ class StructuredOutputsParams(_Body):
     json_object: bool | None = None
 
 
+# vLLM's fields before `structured_outputs` (still sent by clients written for vLLM 0.10 and earlier): ignored,
+# they would leave the answer unconstrained without a word
+_GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                  "guided_grammar": "grammar"}
+
+
 class _SamplingRequest(_Body):
     """What completions and chat completions share."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _guided_as_structured_outputs(cls, data: Any) -> Any:
+        """vLLM's older `guided_json`, `guided_regex`, `guided_choice` and `guided_grammar`: the same constraints
+        as `structured_outputs` (which wins where both are given)."""
+        if not isinstance(data, dict) or not any(data.get(name) is not None for name in _GUIDED_FIELDS):
+            return data
+        guided = {kind: data[name] for name, kind in _GUIDED_FIELDS.items() if data.get(name) is not None}
+        rest = {key: value for key, value in data.items() if key not in _GUIDED_FIELDS}
+        return rest if rest.get("structured_outputs") is not None else {**rest, "structured_outputs": guided}
 
     model: str | None = None  # NOTE: left out or null: the served model (vLLM's); the route fills it in
     n: Annotated[Int, Field(ge=1, le=MAX_N)] | None = 1
