@@ -4,7 +4,7 @@
 |---|---|---|
 | PAGEDLLM_MODEL | smollm2-135m-instruct:latest | BentoML model tag to serve |
 | PAGEDLLM_SERVED_MODEL_NAME | the tag's name | the `model` name clients send |
-| PAGEDLLM_API_KEY | unset | when set, every request needs `Authorization: Bearer <key>` (see below) |
+| PAGEDLLM_API_KEY | unset (else VLLM_API_KEY) | when set, every request needs `Authorization: Bearer <key>` (see below) |
 | PAGEDLLM_OPEN_HEALTH_AND_METRICS | false | with an API key: leave /livez, /healthz, /readyz, /health, /metrics open |
 | PAGEDLLM_CORS_ALLOW_ORIGINS | unset | comma-separated origins allowed by CORS (none: no CORS headers) |
 | PAGEDLLM_MAX_WAITING_REQUESTS | 1024 | requests waiting for their first token; past it, 503 + Retry-After |
@@ -157,7 +157,9 @@ class ServiceSettings:
         return cls(
             model=env.get(PREFIX + "MODEL") or cls.model,
             served_model_name=env.get(PREFIX + "SERVED_MODEL_NAME") or None,
-            api_key=env.get(PREFIX + "API_KEY") or None,
+            # NOTE: vLLM's variable too: an operator who moves over with only VLLM_API_KEY set must not get an
+            # open server
+            api_key=env.get(PREFIX + "API_KEY") or env.get("VLLM_API_KEY") or None,
             accelerator=accelerator,
             fault_injection=FaultInjection(faults["fault_injection_seed"], faults.get("fault_injection_after_tokens", 1))
             if "fault_injection_seed" in faults else None,

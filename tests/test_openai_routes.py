@@ -1164,6 +1164,14 @@ def test_the_resources_follow_the_device_then_the_bento_argument(monkeypatch, ma
         ServiceSettings.from_env({}, accelerator="tpu")
 
 
+def test_the_api_key_setting_takes_vllms_variable_too():
+    from bento_pagedllm.settings import ServiceSettings
+
+    assert ServiceSettings.from_env({}).api_key is None
+    assert ServiceSettings.from_env({"VLLM_API_KEY": "v"}).api_key == "v"
+    assert ServiceSettings.from_env({"VLLM_API_KEY": "v", "PAGEDLLM_API_KEY": "p"}).api_key == "p"
+
+
 def test_the_chat_template_setting():
     from bento_pagedllm.settings import ServiceSettings
 
