@@ -881,6 +881,8 @@ BAD_REQUESTS = [
     ("/chat/completions", {**CHAT, "continue_final_message": True, "add_generation_prompt": False}, 400,
      "continue_final_message", None),
     ("/chat/completions", {**CHAT, "chat_template_kwargs": {"tokenize": False}}, 400, "chat_template_kwargs", None),
+    ("/chat/completions", {**CHAT, "chat_template": "{{ messages }}"}, 400, "chat_template", None),
+    ("/tokenize", {"model": MODEL, "messages": HELLO, "chat_template": "{{ messages }}"}, 400, "chat_template", None),
     ("/chat/completions", {**CHAT, "chat_template_kwargs": {"return_tensors": "pt"}}, 400, "chat_template_kwargs",
      None),
     # messages OpenAI refuses: no content (an assistant's may hold tool calls instead), a tool's answer to no call

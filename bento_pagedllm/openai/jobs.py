@@ -125,6 +125,9 @@ def _check_messages(messages: list[ChatMessage], noun: str) -> None:
 def _template_options(body: ChatCompletionRequest) -> dict[str, Any]:
     """vLLM's chat template options, checked: `continue_final_message` continues an assistant message, so it
     cannot also open a new turn."""
+    if body.chat_template is not None:
+        raise OpenAIError("A request's own chat_template is not accepted: the server's renders every chat "
+                          "(PAGEDLLM_CHAT_TEMPLATE).", param="chat_template")
     add, cont = body.add_generation_prompt is not False, bool(body.continue_final_message)
     if cont and add:
         raise OpenAIError("continue_final_message needs add_generation_prompt false.", param="continue_final_message")

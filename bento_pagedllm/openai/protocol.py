@@ -219,6 +219,8 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's per-request template: refused (a 400), as vLLM refuses it unless told to trust requests' templates
+    chat_template: str | None = None
 
 
 # ---- vLLM's POST /tokenize and POST /detokenize (tokenization.py) ------------------------------------------
@@ -235,6 +237,7 @@ class TokenizeRequest(_Body):
     add_generation_prompt: bool | None = True
     continue_final_message: bool | None = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # refused, as on /chat/completions
     # the tokenizer's special tokens (e.g. a BOS): added to a prompt by default; a chat's come from its template
     add_special_tokens: bool | None = None
     return_token_strs: bool | None = False

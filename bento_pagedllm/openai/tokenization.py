@@ -16,7 +16,7 @@ from .protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
 from .tools import plan_tools
 
 # the fields that shape a chat's rendering: a `prompt` has none of them
-_CHAT_FIELDS = ("tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs")
+_CHAT_FIELDS = ("tools", "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "chat_template")
 
 
 async def tokenize(body: TokenizeRequest, engine: AsyncLLMEngine, model_name: str) -> dict[str, Any]:
