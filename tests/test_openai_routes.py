@@ -914,6 +914,26 @@ async def test_a_request_without_a_model_is_for_the_served_one(http):
         assert r.status_code == 200 and r.json()["model"] == MODEL, r.text
 
 
+async def test_the_clients_request_id_names_the_answer(http):
+    """vLLM's: the answer's id from X-Request-Id (echoed back), else from the body's `request_id`; the same id
+    twice at once still runs as two requests; an id unfit for a header or an id is not used."""
+    async def ask(path, body, headers=None):
+        r = await http.post(path, json={**body, "max_tokens": 2}, headers=headers or {})
+        assert r.status_code == 200, r.text
+        return r
+
+    both = await asyncio.gather(*(ask("/v1/chat/completions", CHAT, {"X-Request-Id": "trace-42"}) for _ in range(2)))
+    assert [r.json()["id"] for r in both] == ["chatcmpl-trace-42"] * 2
+    assert all(r.headers["x-request-id"] == "trace-42" for r in both)
+    streamed = await ask("/v1/completions", {"model": MODEL, "prompt": "Hi", "stream": True}, {"X-Request-Id": "s-1"})
+    assert streamed.headers["x-request-id"] == "s-1"
+    assert all(e["id"] == "cmpl-s-1" for e in sse_events(streamed.text)[:-1])
+    by_body = await ask("/v1/completions", {"model": MODEL, "prompt": "Hi", "request_id": "job-7"})
+    assert by_body.json()["id"] == "cmpl-job-7" and "x-request-id" not in by_body.headers
+    odd = await ask("/v1/completions", {"model": MODEL, "prompt": "Hi", "request_id": "a b/c"})
+    assert odd.json()["id"].startswith("cmpl-") and "a b" not in odd.json()["id"]
+
+
 async def test_a_seed_outside_64_bits_is_refused_in_plain_words(http):
     for seed in (1 << 64, -(1 << 63) - 1):
         error = error_of(await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "seed": seed}), 400)

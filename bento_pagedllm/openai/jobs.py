@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 import time
 import uuid
 from collections.abc import Mapping
@@ -319,6 +320,18 @@ def _truncated(prompts: list[Prompt], keep: int | None) -> list[Prompt]:
     if keep is None:
         return prompts
     return [prompt if len(prompt.token_ids) <= keep else Prompt(prompt.token_ids[-keep:], None) for prompt in prompts]
+
+
+# what a client's request id may be to name the answer (it goes into ids and a response header)
+_CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def named_by_client(job: Job, id_prefix: str, client_id: str | None) -> Job:
+    """The job with the answer's id built from the client's request id (vLLM's: X-Request-Id, else the body's
+    `request_id`), where it is one; the engine's request ids stay unique (`Job.nonce`)."""
+    if client_id is None or not _CLIENT_REQUEST_ID.fullmatch(client_id):
+        return job
+    return replace(job, id=f"{id_prefix}{client_id}", nonce=f"-{uuid.uuid4().hex[:8]}")
 
 
 def _job(id_prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[Prompt],

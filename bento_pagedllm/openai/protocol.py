@@ -131,6 +131,8 @@ class _SamplingRequest(_Body):
     skip_special_tokens: bool | None = True  # false: special tokens' text (e.g. "</s>") stays in the output
     # keep only the prompt's last k tokens; -1: the model's context length (vLLM's); 0 is refused where it is read
     truncate_prompt_tokens: Annotated[Int, Field(ge=-1)] | None = None
+    # vLLM's: the answer's id is built from it (as from an X-Request-Id header, which wins)
+    request_id: str | None = None
     return_tokens_as_token_ids: bool | None = False  # log-probabilities name tokens "token_id:N"
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # only these may be drawn
     bad_words: Annotated[list[str], Field(max_length=MAX_BAD_WORDS)] | None = None  # never ended on

@@ -43,10 +43,16 @@ class Job:
     cache_salt: str | None = None  # vLLM's: the prefix cache shared only with requests of the same salt
     priority: int = 0  # vLLM's: lower runs first (the priority scheduling policy)
     beams: list[BeamSearchParams] | None = None  # vLLM's use_beam_search: per prompt, instead of sampling
+    # NOTE: set where the id came from the client (X-Request-Id, vLLM's `request_id`), which may send it twice:
+    # keeps the engine's request ids apart
+    nonce: str = ""
 
     @property
     def prompt_tokens(self) -> int:
         return sum(len(p.token_ids) for p in self.prompts)
+
+    def engine_request_id(self, prompt_index: int) -> str:
+        return f"{self.id}{self.nonce}-{prompt_index}"
 
 
 class WritePacer:
@@ -86,7 +92,7 @@ class JobStreams:
         self._merged: asyncio.Queue | None = None  # the outputs of several streams, while outputs() runs
         try:
             for i, (prompt, params) in enumerate(zip(job.prompts, job.params)):
-                self.streams.append(engine.submit(prompt.token_ids, params, request_id=f"{job.id}-{i}",
+                self.streams.append(engine.submit(prompt.token_ids, params, request_id=job.engine_request_id(i),
                                                   cache_salt=job.cache_salt, priority=job.priority))
         except BaseException:
             self.close()
@@ -217,7 +223,7 @@ def _with_stop_reason(answer: dict[str, Any], choice: CompletionOutput) -> dict[
 async def _beam_search_outputs(engine: AsyncLLMEngine, job: Job) -> list[RequestOutput]:
     """Each prompt's beam search, concurrently (their steps' requests batch together in the engine)."""
     return list(await asyncio.gather(*(
-        beam_search_output(engine, prompt.token_ids, beams, f"{job.id}-{i}", prompt=prompt.text,
+        beam_search_output(engine, prompt.token_ids, beams, job.engine_request_id(i), prompt=prompt.text,
                            cache_salt=job.cache_salt, priority=job.priority)
         for i, (prompt, beams) in enumerate(zip(job.prompts, job.beams)))))
 
