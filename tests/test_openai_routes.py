@@ -934,6 +934,25 @@ async def test_the_clients_request_id_names_the_answer(http):
     assert odd.json()["id"].startswith("cmpl-") and "a b" not in odd.json()["id"]
 
 
+async def test_return_token_ids(http, engine):
+    """vLLM's return_token_ids: the prompt's and each choice's token ids beside the text (completions name the
+    prompt on each choice, chat beside the choices); a stream asking for them gets a 400."""
+    ids = engine.tokenizer("Once upon a time").input_ids
+    out = (await http.post("/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 4, "n": 2,
+                                                     "temperature": 0, "return_token_ids": True})).json()
+    greedy = await engine_token_ids(engine, ids, max_tokens=4)
+    assert [(c["prompt_token_ids"], c["token_ids"]) for c in out["choices"]] == [(ids, greedy)] * 2
+    chat = (await http.post("/v1/chat/completions", json={**CHAT, "max_tokens": 3, "temperature": 0,
+                                                           "return_token_ids": True})).json()
+    assert chat["prompt_token_ids"] == apply_chat_template(engine.tokenizer, HELLO)
+    assert engine.tokenizer.decode(chat["choices"][0]["token_ids"]) == chat["choices"][0]["message"]["content"]
+    plain = (await http.post("/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 1})).json()
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain
+    r = await http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "stream": True,
+                                                 "return_token_ids": True})
+    assert error_of(r, 400)["param"] == "return_token_ids"
+
+
 async def test_a_seed_outside_64_bits_is_refused_in_plain_words(http):
     for seed in (1 << 64, -(1 << 63) - 1):
         error = error_of(await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "seed": seed}), 400)

@@ -133,6 +133,8 @@ class _SamplingRequest(_Body):
     truncate_prompt_tokens: Annotated[Int, Field(ge=-1)] | None = None
     # vLLM's: the answer's id is built from it (as from an X-Request-Id header, which wins)
     request_id: str | None = None
+    # vLLM's: the prompt's token ids and each choice's beside the text (non-streamed answers; a stream: a 400)
+    return_token_ids: bool | None = False
     return_tokens_as_token_ids: bool | None = False  # log-probabilities name tokens "token_id:N"
     allowed_token_ids: Annotated[list[TokenId], Field(min_length=1)] | None = None  # only these may be drawn
     bad_words: Annotated[list[str], Field(max_length=MAX_BAD_WORDS)] | None = None  # never ended on

@@ -181,6 +181,9 @@ async def respond(
     report: Callable[[Exception], OpenAIError], stream_interval: int,
 ) -> Response:
     """Admit the job (refusals raise here, before any byte is sent), then answer in one body or as SSE."""
+    token_ids = bool(getattr(body, "return_token_ids", False))
+    if token_ids and body.stream:
+        raise OpenAIError("return_token_ids is supported in non-streamed answers.", param="return_token_ids")
     if job.beams is not None:  # NOTE: never streamed (jobs._beam_search)
         outputs = await until_disconnect(request, _beam_search_outputs(engine, job))
     else:
@@ -200,7 +203,11 @@ async def respond(
     for p_index, (prompt, out) in enumerate(zip(job.prompts, outputs)):
         for choice in sorted(out.outputs, key=lambda c: c.index):
             fmt.take_prompt_scores(p_index * job.n + choice.index, out.prompt_logprobs)
-            choices.append(_with_stop_reason(fmt.choice(p_index * job.n + choice.index, prompt, choice), choice))
+            answer = _with_stop_reason(fmt.choice(p_index * job.n + choice.index, prompt, choice), choice)
+            if token_ids:  # vLLM's: completions name each choice's prompt, chat its prompt beside the choices
+                answer = {**answer, **({"prompt_token_ids": prompt.token_ids} if fmt.object == "text_completion"
+                                       else {}), "token_ids": choice.token_ids}
+            choices.append(answer)
             completion_tokens += len(choice.token_ids)
     return JSONResponse({
         "id": job.id,
@@ -211,6 +218,7 @@ async def respond(
         "choices": choices,
         "usage": _usage(job.prompt_tokens, completion_tokens, cached_tokens),
         **fmt.response_fields(outputs),
+        **({"prompt_token_ids": job.prompts[0].token_ids} if token_ids and fmt.object != "text_completion" else {}),
     })
 
 
