@@ -14,7 +14,7 @@ from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect
 from starlette.routing import Mount
 
-from bento_pagedllm import AsyncLLMEngine, EngineArgs
+from bento_pagedllm import AsyncLLMEngine, EngineArgs, SamplingParams
 from bento_pagedllm.async_engine import RequestLimits
 from bento_pagedllm.openai import build_openai_app
 
@@ -40,6 +40,24 @@ def mount(get_engine, **kwargs) -> Starlette:
 
 def http_client(app) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test")
+
+
+async def aborted_midway(engine: AsyncLLMEngine, request_id: str, after: int) -> list:
+    """The outputs a long request streamed before `engine.abort(request_id)`, called once `after` had come,
+    ended it (the last one included)."""
+    received = []
+
+    async def consume():
+        async for out in engine.generate("Go on and on", SamplingParams(max_tokens=900, ignore_eos=True),
+                                         request_id=request_id):
+            received.append(out)
+
+    task = asyncio.create_task(consume())
+    while len(received) < after and not task.done():
+        await asyncio.sleep(0.005)
+    engine.abort(request_id)
+    await asyncio.wait_for(task, 10)
+    return received
 
 
 def is_idle(engine) -> bool:

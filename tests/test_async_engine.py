@@ -4,6 +4,8 @@ import asyncio
 
 import pytest
 
+from api_helpers import aborted_midway
+
 from bento_pagedllm import AsyncLLMEngine, EngineArgs, RequestError, SamplingParams
 
 
@@ -71,18 +73,7 @@ async def test_cancelling_the_consumer_aborts_and_frees_blocks(engine):
 async def test_abort_ends_the_stream_with_reason_abort(engine):
     """`abort(request_id)` from elsewhere (vLLM's): the request's stream ends with a last output whose choices
     end with "abort"; the engine holds nothing of it."""
-    received = []
-
-    async def consume():
-        async for out in engine.generate("Go on and on", SamplingParams(max_tokens=900, ignore_eos=True),
-                                         request_id="aborted"):
-            received.append(out)
-
-    task = asyncio.create_task(consume())
-    while len(received) < 3:
-        await asyncio.sleep(0.005)
-    engine.abort("aborted")
-    await asyncio.wait_for(task, 10)
+    received = await aborted_midway(engine, "aborted", after=3)
     last = received[-1]
     assert last.finished and [c.finish_reason for c in last.outputs] == ["abort"]
     assert 3 <= len(last.outputs[0].token_ids) < 900

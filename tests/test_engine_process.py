@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from api_helpers import aborted_midway
 
 from bento_pagedllm import AsyncLLMEngine, EngineArgs, SamplingParams
 from bento_pagedllm.async_engine import (
@@ -145,17 +146,7 @@ async def test_cancelling_the_consumer_aborts_in_the_engine_process(process_engi
 
 async def test_abort_ends_the_stream_in_the_engine_process(process_engine, observer):
     aborted = observer.aborted
-    received = []
-
-    async def consume():
-        async for out in process_engine.generate("Go on", SamplingParams(max_tokens=400, ignore_eos=True),
-                                                 request_id="stopped"):
-            received.append(out)
-
-    task = asyncio.create_task(consume())
-    assert await eventually(lambda: len(received) >= 2)
-    process_engine.abort("stopped")
-    await asyncio.wait_for(task, 10)
+    received = await aborted_midway(process_engine, "stopped", after=2)
     assert received[-1].finished and received[-1].outputs[0].finish_reason == "abort"
     assert await eventually(lambda: observer.aborted == aborted + 1 and observer.idle())
     assert process_engine.num_open_streams == 0
