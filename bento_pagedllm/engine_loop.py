@@ -91,6 +91,7 @@ class FinishedRequest:
     prompt_tokens: int
     time_to_first_token: float | None
     time_per_output_token: float | None  # mean after the first token; None for a single token
+    latency: float | None = None  # from arrival to the end
 
     @classmethod
     def of(cls, out: RequestOutput) -> "FinishedRequest":
@@ -101,7 +102,8 @@ class FinishedRequest:
             generated = max(len(c.token_ids) for c in out.outputs)
             if generated > 1 and m.finished_time is not None:
                 tpot = (m.finished_time - m.first_token_time) / (generated - 1)
-        return cls(len(out.prompt_token_ids), ttft, tpot)
+        latency = m.finished_time - m.arrival_time if m is not None and m.finished_time is not None else None
+        return cls(len(out.prompt_token_ids), ttft, tpot, latency)
 
 
 @dataclass

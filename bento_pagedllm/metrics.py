@@ -95,6 +95,8 @@ class EngineMetrics(EngineObserver):
         self.time_per_output_token = histogram("pagedllm_time_per_output_token_seconds",
                                                "vllm:request_time_per_output_token_seconds",
                                                doc="Mean time per output token after the first, per request")
+        self.request_latency = histogram("pagedllm_e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds",
+                                         doc="Time from a request's arrival to its end, per finished request")
 
     def observe(self, report: EngineReport) -> None:
         stats = report.stats
@@ -123,6 +125,8 @@ class EngineMetrics(EngineObserver):
                 self.time_to_first_token.observe(done.time_to_first_token)
             if done.time_per_output_token is not None:
                 self.time_per_output_token.observe(done.time_per_output_token)
+            if done.latency is not None:
+                self.request_latency.observe(done.latency)
 
     def observe_rejection(self) -> None:
         self.requests_rejected.inc()

@@ -271,11 +271,15 @@ def test_metrics_report_engine_state(server):
              "pagedllm_requests_running": "vllm:num_requests_running",
              "pagedllm_prefix_cache_queries_total": "vllm:prefix_cache_queries_total",
              "pagedllm_time_to_first_token_seconds_count": "vllm:time_to_first_token_seconds_count",
-             "pagedllm_time_per_output_token_seconds_count": "vllm:request_time_per_output_token_seconds_count"}
+             "pagedllm_time_per_output_token_seconds_count": "vllm:request_time_per_output_token_seconds_count",
+             "pagedllm_e2e_request_latency_seconds_count": "vllm:e2e_request_latency_seconds_count"}
     server.wait_idle()
     scraped = server.metrics([*twins, *twins.values(), "vllm:kv_cache_usage_perc"])
     assert all(scraped[vllms] == scraped[ours] for ours, vllms in twins.items()), scraped
     assert scraped["vllm:kv_cache_usage_perc"] == 0.0 and scraped["vllm:generation_tokens_total"] > 0
+    # every finished request's end-to-end time: as many as its first-token times
+    e2e, ttft = (scraped[f"pagedllm_{name}_seconds_count"] for name in ("e2e_request_latency", "time_to_first_token"))
+    assert e2e >= ttft > 0
 
 
 def test_generated_tokens_are_counted_exactly(client, server):
