@@ -47,6 +47,14 @@ class Format:
         """Fields of a non-streamed answer beside its choices."""
         return {}
 
+    def choice_token_ids(self, prompt: Prompt, choice: CompletionOutput) -> dict[str, Any]:
+        """vLLM's `return_token_ids` fields of a choice."""
+        return {"token_ids": choice.token_ids}
+
+    def response_token_ids(self, prompts: list[Prompt]) -> dict[str, Any]:
+        """vLLM's `return_token_ids` fields beside the choices."""
+        return {}
+
     def opening(self, index: int, prompt: Prompt) -> dict[str, Any] | None:
         """The choice's first streamed chunk, if it has one."""
         return None
@@ -80,6 +88,10 @@ class ChatFormat(Format):
         if self.prompt_logprobs is None:
             return {}
         return {"prompt_logprobs": vllm_prompt_logprobs(self.texts, outputs[0].prompt_logprobs, self.prompt_logprobs)}
+
+    def response_token_ids(self, prompts: list[Prompt]) -> dict[str, Any]:
+        """A chat's one prompt: beside the choices, as its `prompt_logprobs`."""
+        return {"prompt_token_ids": prompts[0].token_ids}
 
     def opening(self, index: int, prompt: Prompt) -> dict[str, Any]:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
@@ -183,6 +195,10 @@ class CompletionFormat(Format):
 
     def finish(self, index: int, reason: str | None) -> list[dict[str, Any]]:
         return [{"index": index, "text": "", "logprobs": None, "finish_reason": reason}]
+
+    def choice_token_ids(self, prompt: Prompt, choice: CompletionOutput) -> dict[str, Any]:
+        """Completions may hold several prompts: each choice names its own, as its `prompt_logprobs`."""
+        return {"prompt_token_ids": prompt.token_ids, **super().choice_token_ids(prompt, choice)}
 
     def choice(self, index: int, prompt: Prompt, choice: CompletionOutput) -> dict[str, Any]:
         echo = self._echo(index, prompt)

@@ -204,10 +204,7 @@ async def respond(
         for choice in sorted(out.outputs, key=lambda c: c.index):
             fmt.take_prompt_scores(p_index * job.n + choice.index, out.prompt_logprobs)
             answer = _with_stop_reason(fmt.choice(p_index * job.n + choice.index, prompt, choice), choice)
-            if token_ids:  # vLLM's: completions name each choice's prompt, chat its prompt beside the choices
-                answer = {**answer, **({"prompt_token_ids": prompt.token_ids} if fmt.object == "text_completion"
-                                       else {}), "token_ids": choice.token_ids}
-            choices.append(answer)
+            choices.append({**answer, **fmt.choice_token_ids(prompt, choice)} if token_ids else answer)
             completion_tokens += len(choice.token_ids)
     return JSONResponse({
         "id": job.id,
@@ -218,7 +215,7 @@ async def respond(
         "choices": choices,
         "usage": _usage(job.prompt_tokens, completion_tokens, cached_tokens),
         **fmt.response_fields(outputs),
-        **({"prompt_token_ids": job.prompts[0].token_ids} if token_ids and fmt.object != "text_completion" else {}),
+        **(fmt.response_token_ids(job.prompts) if token_ids else {}),
     })
 
 
