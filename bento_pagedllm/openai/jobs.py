@@ -326,18 +326,14 @@ def _truncated(prompts: list[Prompt], keep: int | None) -> list[Prompt]:
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
-def named_by_client(job: Job, id_prefix: str, client_id: str | None) -> Job:
-    """The job with the answer's id built from the client's request id (vLLM's: X-Request-Id, else the body's
-    `request_id`), where it is one; the engine's request ids stay unique (`Job.nonce`)."""
-    if client_id is None or not _CLIENT_REQUEST_ID.fullmatch(client_id):
-        return job
-    return replace(job, id=f"{id_prefix}{client_id}", nonce=f"-{uuid.uuid4().hex[:8]}")
-
-
 def _job(id_prefix: str, body: CompletionRequest | ChatCompletionRequest, prompts: list[Prompt],
          params: list[SamplingParams]) -> Job:
-    return Job(f"{id_prefix}{uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts, params,
-               body.cache_salt, body.priority, _beam_search(body, params))
+    """NOTE: the answer's id is built from the client's request id (vLLM's `request_id`, which an X-Request-Id
+    header sets: routes.py) where it is one; the client may send it twice, so its engine ids get a nonce."""
+    client_id = body.request_id if body.request_id and _CLIENT_REQUEST_ID.fullmatch(body.request_id) else None
+    return Job(f"{id_prefix}{client_id or uuid.uuid4().hex}", int(time.time()), body.model, body.n or 1, prompts,
+               params, body.cache_salt, body.priority, _beam_search(body, params),
+               nonce=f"-{uuid.uuid4().hex[:8]}" if client_id else "")
 
 
 def _beam_search(body: CompletionRequest | ChatCompletionRequest,

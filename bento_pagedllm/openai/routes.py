@@ -43,7 +43,7 @@ from . import errors
 from .auth import APIKeyMiddleware
 from .errors import OpenAIError
 from .formats import ChatFormat, CompletionFormat, token_texts
-from .jobs import chat_job, completion_job, named_by_client
+from .jobs import chat_job, completion_job
 from .protocol import (
     FIELD_NAMES,
     ChatCompletionRequest,
@@ -52,7 +52,7 @@ from .protocol import (
     ResponsesRequest,
     TokenizeRequest,
 )
-from .responses import Job, respond
+from .responses import respond
 from .responses_api import ResponseBuilder, chat_request, respond_response
 from .schema import openapi_document
 from .tokenization import detokenize, tokenize
@@ -176,6 +176,8 @@ class _Server:
             raise errors.from_validation_error(error, FIELD_NAMES) from None
         if getattr(body, "model", "") is None:  # left out or null: the served model (vLLM's)
             body.model = self.model_name
+        if (client_id := request.headers.get("x-request-id")) and hasattr(body, "request_id"):
+            body.request_id = client_id  # vLLM's: the header names the answer, before the body's field
         return body
 
     def _defaults(self, engine: AsyncLLMEngine) -> Mapping[str, float | int]:
@@ -214,7 +216,7 @@ class _Server:
     async def completions(self, request: Request) -> Response:
         body = await self._parse(request, CompletionRequest)
         engine = self._engine_for(body.model)
-        job = _named(request, body, "cmpl-", await completion_job(body, engine, self._defaults(engine)))
+        job = await completion_job(body, engine, self._defaults(engine))
         texts = token_texts(engine.tokenizer, bool(body.return_tokens_as_token_ids))
         fmt = CompletionFormat(texts, body.logprobs, bool(body.echo), body.prompt_logprobs)
         return _echo_request_id(request, await respond(request, engine, job, fmt, body, self._reporter(request),
@@ -225,7 +227,6 @@ class _Server:
         body = await self._parse(request, ChatCompletionRequest)
         engine = self._engine_for(body.model)
         job, tools = await chat_job(body, engine, self._defaults(engine), "chatcmpl-", "messages")
-        job = _named(request, body, "chatcmpl-", job)
         texts = token_texts(engine.tokenizer, bool(body.return_tokens_as_token_ids))
         logprobs = job.params[0].logprobs is not None
         fmt = ChatFormat(texts, logprobs, body.prompt_logprobs) if tools is None else ToolCallFormat(
@@ -253,11 +254,6 @@ class _Server:
         body = await self._parse(request, DetokenizeRequest)
         engine = self._engine_for(body.model)
         return JSONResponse(detokenize(body, engine))
-
-
-def _named(request: Request, body: CompletionRequest | ChatCompletionRequest, id_prefix: str, job: Job) -> Job:
-    """vLLM's: the answer's id from the client's X-Request-Id header, else from the body's `request_id`."""
-    return named_by_client(job, id_prefix, request.headers.get("x-request-id") or body.request_id)
 
 
 def _echo_request_id(request: Request, response: Response) -> Response:
